@@ -1,0 +1,26 @@
+"""Spectral operators: pure functions over tensors whose last two dimensions are the matrix."""
+
+from spectra.ops.lmo import lmo_singular_values, spectral_lmo
+from spectra.ops.spectral import (
+    coordinate_clip,
+    global_clip,
+    hard_clip,
+    misr,
+    newton_schulz_quintic,
+    orthogonalize,
+    soft_clip,
+    soft_clip_paper,
+)
+
+__all__ = [
+    "coordinate_clip",
+    "global_clip",
+    "hard_clip",
+    "lmo_singular_values",
+    "misr",
+    "newton_schulz_quintic",
+    "orthogonalize",
+    "soft_clip",
+    "soft_clip_paper",
+    "spectral_lmo",
+]

@@ -1,0 +1,45 @@
+"""Validation and shape helpers shared by the spectral operators."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+from torch import Tensor
+
+
+def check_matrix_input(X: Tensor, name: str = "X") -> None:
+    """Reject inputs no spectral operator can act on."""
+    if not isinstance(X, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(X).__name__}")
+    if X.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
+    if not (X.is_floating_point()):
+        raise ValueError(f"{name} must have a floating dtype, got {X.dtype}")
+
+
+def check_threshold(c: float, name: str = "c") -> float:
+    """Return ``c`` as a float after checking it is a finite positive number."""
+    if isinstance(c, Tensor):
+        if c.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(c.shape)}")
+        c = c.item()
+    if isinstance(c, bool) or not isinstance(c, Real):
+        raise ValueError(f"{name} must be a real number, got {c!r}")
+    c = float(c)
+    if not math.isfinite(c) or c <= 0.0:
+        raise ValueError(f"{name} must be finite and > 0, got {c!r}")
+    return c
+
+
+def wide_view(X: Tensor) -> tuple[Tensor, bool]:
+    """Return X or its transpose so that rows <= columns (the Gram side is the small one)."""
+    if X.shape[-2] > X.shape[-1]:
+        return X.mT, True
+    return X, False
+
+
+def compute_dtype(X: Tensor) -> torch.dtype:
+    """Working dtype for products on X: at least float32."""
+    return torch.float64 if X.dtype == torch.float64 else torch.float32

@@ -1,0 +1,306 @@
+"""Spectral operators: functions of a matrix's singular values.
+
+Every operator acts on the last two dimensions of its input and is batched over
+the leading ones. Writing ``X = U diag(σ) Vᵀ`` for each matrix, an operator maps
+``X ↦ U diag(φ(σ)) Vᵀ``:
+
+=================  ===========================  ==================================
+operator           φ(σ)                         reference
+=================  ===========================  ==================================
+``soft_clip``      σ / √(1 + σ²/c²)             H_c of "Enhancing LLM Training via
+                                                Spectral Clipping", Sec. 5.1
+``hard_clip``      min(σ, c)                    clip^sp_c, same paper, Sec. 2
+``orthogonalize``  1 (0 where σ = 0)            orth(X) = UVᵀ (Muon)
+=================  ===========================  ==================================
+
+A 1-D tensor is treated as a vector, and φ is applied to its Euclidean norm
+(the paper's vector rule): ``x ↦ x · φ(‖x‖)/‖x‖``.
+
+Operators never modify their input and return a tensor of the input's shape,
+dtype and device.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from spectra.ops._common import check_matrix_input, check_threshold, compute_dtype, wide_view
+
+SoftClipMethod = Literal["auto", "eigh", "svd", "paper"]
+HardClipMethod = Literal["auto", "eigh", "svd"]
+OrthMethod = Literal["auto", "svd", "muon"]
+
+# Coefficients of the classic quintic Newton–Schulz iteration used by Muon
+# (K. Jordan et al., 2024): p(x) = a x + b x³ + c x⁵, 5 steps.
+MUON_NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _vector_rule(x: Tensor, weight_of_norm) -> Tensor:
+    """Apply ``x ↦ x · w(‖x‖)`` to a 1-D tensor, with ``w(r) = φ(r)/r``."""
+    wd = compute_dtype(x)
+    xw = x.to(wd)
+    r = torch.linalg.vector_norm(xw)
+    return (xw * weight_of_norm(r)).to(x.dtype)
+
+
+def _gram_eigh(Xw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Eigen-decomposition of the small-side Gram matrix, in float64.
+
+    Returns ``(Q, sigma, scale)``: the eigenvectors Q of ``X̂X̂ᵀ`` where
+    ``X̂ = X/scale`` and ``scale = max|X|`` per matrix, and the singular values
+    ``sigma = scale·√μ`` of X (as float64). Normalising by the largest entry keeps
+    the Gram matrix finite for entries anywhere in the float range.
+    """
+    X64 = Xw.to(torch.float64)
+    scale = X64.abs().amax(dim=(-2, -1), keepdim=True)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    Xh = X64 / safe
+    G = Xh @ Xh.mT
+    mu, Q = torch.linalg.eigh(G)
+    sigma = mu.clamp_min(0.0).sqrt() * safe.squeeze(-1)
+    return Q, sigma, safe
+
+
+def _apply_left(Q: Tensor, w: Tensor, Xw: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """Return ``(Q diag(w) Qᵀ) X`` computed with float64 K and a working-precision product."""
+    K = (Q * w.unsqueeze(-2)) @ Q.mT
+    wd = compute_dtype(Xw)
+    return (K.to(wd) @ Xw.to(wd)).to(out_dtype)
+
+
+def _spectral_map_eigh(X: Tensor, weight) -> Tensor:
+    """``X ↦ U diag(σ·w(σ)) Vᵀ`` through the eigen-decomposition of the small Gram matrix.
+
+    ``weight(sigma)`` returns ``w(σ) = φ(σ)/σ`` as float64.
+    """
+    Xw, transposed = wide_view(X)
+    Q, sigma, _ = _gram_eigh(Xw)
+    Y = _apply_left(Q, weight(sigma), Xw, X.dtype)
+    return Y.mT if transposed else Y
+
+
+def _spectral_map_svd(X: Tensor, phi) -> Tensor:
+    """``X ↦ U diag(φ(σ)) Vᵀ`` through a float64 SVD (the reference)."""
+    X64 = X.to(torch.float64)
+    U, S, Vh = torch.linalg.svd(X64, full_matrices=False)
+    return ((U * phi(S).unsqueeze(-2)) @ Vh).to(X.dtype)
+
+
+def _default_method(X: Tensor) -> str:
+    # On CPU, eigh of the small Gram matrix in float64 is exact and cheaper than
+    # any Newton–Schulz schedule (see docs/operators.md for the measurements).
+    return "eigh"
+
+
+# --------------------------------------------------------------------------- soft clip
+
+
+def _soft_weight(c: float):
+    def weight(sigma: Tensor) -> Tensor:
+        # φ(σ)/σ = 1/√(1+σ²/c²) = 1/hypot(1, σ/c): finite for every σ.
+        return torch.hypot(torch.ones_like(sigma), sigma / c).reciprocal()
+
+    return weight
+
+
+def soft_clip(
+    X: Tensor,
+    c: float,
+    *,
+    method: SoftClipMethod = "auto",
+    ns_steps: int = 10,
+    ns_dtype: torch.dtype | None = None,
+) -> Tensor:
+    r"""Soft spectral clipping ``H_c(X) = (I + XXᵀ/c²)^{-1/2} X``.
+
+    Maps each singular value σ of X to ``h_c(σ) = σ/√(1+σ²/c²)``, which is close to σ
+    for σ ≪ c and saturates at c for σ ≫ c; ``h_c(σ) ≤ min(σ, c)``.
+
+    Args:
+        X: tensor whose last two dimensions are the matrix; 1-D tensors use the vector rule.
+        c: threshold, finite and > 0.
+        method: ``"auto"`` (default, accurate), ``"eigh"`` (exact: float64 eigh of the
+            smaller Gram matrix), ``"svd"`` (exact: float64 SVD), or ``"paper"``
+            (Algorithm 1 of the paper with the Newton–Schulz inverse square root,
+            ``ns_steps`` iterations in ``ns_dtype``; kept for reproduction).
+        ns_steps: Newton–Schulz steps for ``method="paper"`` (the paper's N_s).
+        ns_dtype: working precision for ``method="paper"`` (default: float32, or float64
+            for float64 input).
+    """
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    if X.dim() == 1:
+        return _vector_rule(X, lambda r: torch.hypot(torch.ones_like(r), r / c).reciprocal())
+    if method == "auto":
+        method = _default_method(X)
+    if method == "eigh":
+        return _spectral_map_eigh(X, _soft_weight(c))
+    if method == "svd":
+        return _spectral_map_svd(X, lambda s: s * _soft_weight(c)(s))
+    if method == "paper":
+        return soft_clip_paper(X, c, ns_steps=ns_steps, dtype=ns_dtype)
+    raise ValueError(f"unknown soft_clip method {method!r}; expected auto, eigh, svd or paper")
+
+
+def misr(A: Tensor, alpha: Tensor, steps: int) -> Tensor:
+    r"""Matrix inverse square root by coupled Newton–Schulz (the paper's Algorithm 2, MISR).
+
+    With ``Â = A/α``, ``Y₀ = Â``, ``Z₀ = I``, each step sets ``T = (3I − ZY)/2``,
+    ``Y ← YT``, ``Z ← TZ``; returns ``Z_K/√α ≈ A^{-1/2}``. Requires α ≥ λ_max(A).
+    """
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    Y = A / alpha
+    Z = eye.expand_as(A).clone()
+    for _ in range(steps):
+        T = 0.5 * (3.0 * eye - Z @ Y)
+        Y = Y @ T
+        Z = T @ Z
+    return Z / alpha.sqrt()
+
+
+def soft_clip_paper(
+    X: Tensor, c: float, *, ns_steps: int = 10, dtype: torch.dtype | None = None
+) -> Tensor:
+    r"""The paper's Algorithm 1 (soft spectral clipping via MISR), exactly as written.
+
+    ``s²_max = min(‖XXᵀ‖_F, max_i Σ_j |(XXᵀ)_ij|)``; if ``s_max ≤ c`` return X; else
+    ``α = 1 + s²_max/c²`` and return ``MISR(I + XXᵀ/c², α, N_s) · X``. All arithmetic runs
+    in ``dtype`` (default float32). Inaccurate when the spectrum has a large spike: the
+    bulk eigenvalues sit near 1/α, where each step grows them only by 1.5×.
+    """
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    if ns_steps < 0:
+        raise ValueError(f"ns_steps must be >= 0, got {ns_steps}")
+    wd = dtype or compute_dtype(X)
+    if X.dim() == 1:
+        return soft_clip(X, c, method="eigh")
+    Xw, transposed = wide_view(X)
+    Xc = Xw.to(wd)
+    G = Xc @ Xc.mT
+    fro = torch.linalg.matrix_norm(G.float(), ord="fro")
+    gersh = G.float().abs().sum(dim=-1).amax(dim=-1)
+    s2 = torch.minimum(fro, gersh)
+    alpha = (1.0 + s2 / c**2).to(wd)[..., None, None]
+    eye = torch.eye(G.shape[-1], dtype=wd, device=G.device)
+    A = misr(eye + G / c**2, alpha, ns_steps)
+    Y = (A @ Xc).to(X.dtype)
+    keep = (s2.sqrt() <= c)[..., None, None]
+    Y = torch.where(keep, Xw, Y)
+    return Y.mT if transposed else Y
+
+
+# --------------------------------------------------------------------------- hard clip
+
+
+def _hard_weight(c: float):
+    def weight(sigma: Tensor) -> Tensor:
+        return torch.where(sigma > c, c / sigma.clamp_min(c), torch.ones_like(sigma))
+
+    return weight
+
+
+def hard_clip(X: Tensor, c: float, *, method: HardClipMethod = "auto") -> Tensor:
+    r"""Exact spectral clipping ``clip^sp_c(X) = U · min(Σ, c) · Vᵀ``.
+
+    Args:
+        X: tensor whose last two dimensions are the matrix; 1-D tensors use the vector rule
+            ``x · min(1, c/‖x‖)``.
+        c: threshold, finite and > 0.
+        method: ``"auto"``/``"eigh"`` (float64 eigh of the smaller Gram matrix) or ``"svd"``.
+    """
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    if X.dim() == 1:
+        return _vector_rule(X, lambda r: torch.clamp(c / r, max=1.0) if r > 0 else r.new_ones(()))
+    if method == "auto":
+        method = _default_method(X)
+    if method == "eigh":
+        return _spectral_map_eigh(X, _hard_weight(c))
+    if method == "svd":
+        return _spectral_map_svd(X, lambda s: s.clamp(max=c))
+    raise ValueError(f"unknown hard_clip method {method!r}; expected auto, eigh or svd")
+
+
+# --------------------------------------------------------------------------- orthogonalize
+
+
+def newton_schulz_quintic(
+    X: Tensor,
+    steps: int = 5,
+    coeffs: tuple[float, float, float] = MUON_NS_COEFFS,
+    dtype: torch.dtype = torch.bfloat16,
+    eps: float = 1e-7,
+) -> Tensor:
+    r"""Muon's quintic Newton–Schulz iteration towards ``orth(X)``.
+
+    ``X₀ = X/(‖X‖_F + ε)``, then ``A = XXᵀ``, ``X ← aX + (bA + cA²)X`` for ``steps`` steps
+    in ``dtype``. With the classic coefficients the singular values of the result lie in
+    roughly [0.68, 1.13] rather than at 1 (K. Jordan, "Muon", 2024).
+    """
+    Xw, transposed = wide_view(X)
+    a, b, cc = coeffs
+    Y = Xw.to(dtype)
+    Y = Y / (torch.linalg.matrix_norm(Y.float(), ord="fro")[..., None, None] + eps).to(dtype)
+    for _ in range(steps):
+        A = Y @ Y.mT
+        B = b * A + cc * (A @ A)
+        Y = a * Y + B @ Y
+    Y = Y.to(X.dtype)
+    return Y.mT if transposed else Y
+
+
+def orthogonalize(X: Tensor, *, method: OrthMethod = "auto", steps: int = 5) -> Tensor:
+    r"""Orthogonalization ``orth(X) = UVᵀ``, Muon's operator.
+
+    Args:
+        X: tensor whose last two dimensions are the matrix; 1-D tensors map to ``x/‖x‖``.
+        method: ``"auto"``/``"svd"`` (exact: float64 SVD, singular values zero below
+            ``σ_max · max(m, n) · ε₆₄`` stay zero) or ``"muon"`` (the classic quintic
+            Newton–Schulz in bfloat16, ``steps`` steps; singular values in ≈ [0.68, 1.13]).
+    """
+    check_matrix_input(X)
+    if X.dim() == 1:
+        return _vector_rule(X, lambda r: r.reciprocal() if r > 0 else r.new_zeros(()))
+    if method == "auto":
+        method = "svd"
+    if method == "svd":
+
+        def phi(S: Tensor) -> Tensor:
+            tol = S.amax(dim=-1, keepdim=True) * max(X.shape[-2:]) * torch.finfo(S.dtype).eps
+            return (S > tol).to(S.dtype)
+
+        return _spectral_map_svd(X, phi)
+    if method == "muon":
+        return newton_schulz_quintic(X, steps=steps)
+    raise ValueError(f"unknown orthogonalize method {method!r}; expected auto, svd or muon")
+
+
+# --------------------------------------------------------------------------- other clips
+
+
+def global_clip(X: Tensor, c: float) -> Tensor:
+    r"""Global (Frobenius) clipping ``clip^g_c(X) = min(1, c/‖X‖_F) · X`` over the last two dims.
+
+    A 1-D tensor uses its Euclidean norm.
+    """
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    dims = (-1,) if X.dim() == 1 else (-2, -1)
+    wd = compute_dtype(X)
+    norm = torch.linalg.vector_norm(X.to(wd), dim=dims, keepdim=True)
+    factor = torch.clamp(c / norm.clamp_min(torch.finfo(wd).tiny), max=1.0)
+    return (X.to(wd) * factor).to(X.dtype)
+
+
+def coordinate_clip(X: Tensor, c: float) -> Tensor:
+    r"""Coordinate-wise clipping ``clip^cw_c(X)_ij = sign(X_ij) · min(|X_ij|, c)``."""
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    return X.clamp(min=-c, max=c)

@@ -1,0 +1,3 @@
+from spectra_lab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""The ``spectra`` command line.
+
+Each subcommand lives in its own module, which provides ``add_arguments(parser)``
+and ``run(args) -> int``. Modules are imported only when their subcommand runs,
+so ``spectra --help`` stays fast and a missing optional extra affects only the
+subcommand that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("spectra_lab.train.cli", "train a Llama-style model (the main job)"),
+    "prepare-data": ("spectra_lab.data.cli", "download/tokenize a corpus into .bin shards"),
+    "sample": ("spectra_lab.train.sample", "generate text from a checkpoint"),
+    "synth": ("spectra_lab.synth.cli", "the paper's synthetic experiments"),
+    "bench": ("spectra_lab.bench.cli", "benchmarks of operators and optimizers"),
+}
+
+
+class CLIError(Exception):
+    """A user error reported as one line, without a traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="spectra", description="Spectral clipping for LLM training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    wanted = None
+    if argv:
+        wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except CLIError as exc:
+        print(f"spectra {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"spectra {args.command}: interrupted", file=sys.stderr)
+        return 130
