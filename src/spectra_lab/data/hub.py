@@ -1,0 +1,175 @@
+"""Corpora made of many documents: Hugging Face hub datasets and local text/JSONL files.
+
+"Enhancing LLM Training via Spectral Clipping" pretrains on FineWeb-Edu and SlimPajama
+with the GPT-2 tokenizer. :func:`prepare_documents` turns any iterable of documents into
+the ``.bin`` format of :mod:`spectra_lab.data.format`; the hub and the local readers only
+produce such iterables. Hub datasets are streamed through the optional ``datasets``
+package (``pip install 'spectra-optim[hub]'``), imported only when needed.
+
+Validation documents are chosen by position: with validation fraction ``f``, document
+``i`` (counting from 0 in stream order) is held out when ``⌈(i+1)·f⌉ > ⌈i·f⌉``. That holds
+out documents 0, ⌈1/f⌉, … — ``⌈n·f⌉`` of the first ``n``, at least one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from spectra_lab.data.errors import DataError
+from spectra_lab.data.format import begin_dataset, write_dataset
+from spectra_lab.data.tokenizers import BPE_FILE, get_tokenizer
+
+__all__ = [
+    "HUB_DATASETS",
+    "hub_source",
+    "is_val_document",
+    "iter_hub_texts",
+    "label_documents",
+    "prepare_documents",
+    "read_local_texts",
+]
+
+# name -> load_dataset arguments and the text column
+HUB_DATASETS: dict[str, dict[str, Any]] = {
+    "fineweb-edu": {"path": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT", "split": "train"},
+    "slimpajama": {"path": "cerebras/SlimPajama-627B", "config": None, "split": "train"},
+}
+TEXT_FIELD = "text"
+
+
+def is_val_document(i: int, val_fraction: float) -> bool:
+    """Whether document ``i`` is held out: ``⌈(i+1)·f⌉ > ⌈i·f⌉``."""
+    return math.ceil((i + 1) * val_fraction) > math.ceil(i * val_fraction)
+
+
+def label_documents(texts: Iterable[str], val_fraction: float) -> Iterator[tuple[str, str]]:
+    """``(split, text)`` for each document, by :func:`is_val_document`."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    for i, text in enumerate(texts):
+        yield ("val" if is_val_document(i, val_fraction) else "train"), text
+
+
+def iter_hub_texts(
+    path: str, config: str | None = None, split: str = "train", text_field: str = TEXT_FIELD
+) -> Iterator[str]:
+    """Stream the ``text_field`` of a hub dataset with ``datasets.load_dataset(streaming=True)``."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise DataError(
+            "hub datasets need the 'datasets' package: pip install 'spectra-optim[hub]'"
+        ) from exc
+    try:
+        stream = datasets.load_dataset(path, name=config, split=split, streaming=True)
+        for record in stream:
+            yield record[text_field]
+    except DataError:
+        raise
+    except Exception as exc:  # the hub client raises many types for network trouble
+        raise DataError(
+            f"could not stream {path} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
+            "check the network, or pass --data-dir with an already prepared dataset"
+        ) from exc
+
+
+def read_local_texts(paths: Sequence[str | Path], text_field: str = TEXT_FIELD) -> Iterator[str]:
+    """Documents from local files, in the given order.
+
+    A ``.jsonl`` file gives one document per non-empty line (its ``text_field``); any other
+    file is read as UTF-8 text and is one document.
+    """
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise DataError(f"input file {path} does not exist")
+        if path.suffix == ".jsonl":
+            with open(path, encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                        text = record[text_field]
+                    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                        raise DataError(
+                            f"{path}:{lineno}: expected a JSON object with a {text_field!r} string"
+                        ) from exc
+                    if not isinstance(text, str):
+                        raise DataError(f"{path}:{lineno}: {text_field!r} is not a string")
+                    yield text
+        else:
+            yield path.read_text(encoding="utf-8")
+
+
+def prepare_documents(
+    out_dir: str | Path,
+    texts: Iterable[str],
+    *,
+    name: str,
+    source: dict[str, Any],
+    request: dict[str, Any] | None = None,
+    tokenizer: str = "gpt2",
+    vocab_size: int = 4096,
+    token_budget: int | None = None,
+    val_fraction: float = 0.01,
+    bpe_train_chars: int = 50_000_000,
+    progress: bool = False,
+) -> Path:
+    """Tokenize a stream of documents into a dataset directory; see the module docstring.
+
+    With ``token_budget`` the stream is read until about that many tokens (whole
+    documents) are written. A ``"bpe"`` tokenizer is trained on the training documents
+    among the first ``bpe_train_chars`` characters of the stream (at most five characters
+    per budgeted token), which are then written too. ``request`` is stored in
+    ``meta.json`` so that an identical later request can be recognised.
+    """
+    if token_budget is not None and token_budget < 1:
+        raise ValueError(f"token_budget must be positive, got {token_budget}")
+    out_dir = begin_dataset(out_dir)
+    labeled = label_documents(texts, val_fraction)
+    corpus_texts = None
+    if tokenizer == "bpe":
+        limit = bpe_train_chars if token_budget is None else min(bpe_train_chars, 5 * token_budget)
+        head: list[tuple[str, str]] = []
+        chars = 0
+        for split, text in labeled:
+            head.append((split, text))
+            chars += len(text)
+            if chars >= limit:
+                break
+        corpus_texts = [t for s, t in head if s == "train"]
+        labeled = itertools.chain(head, labeled)
+        (out_dir / BPE_FILE).unlink(missing_ok=True)  # always trained afresh
+    tok = get_tokenizer(tokenizer, corpus_texts, vocab_size, cache_dir=out_dir)
+    meta = {
+        "name": name,
+        "split": {
+            "rule": "document i (from 0) is validation when ceil((i+1)*f) > ceil(i*f)",
+            "val_fraction": val_fraction,
+        },
+        "token_budget": token_budget,
+        "source": source,
+        "request": request,
+    }
+    write_dataset(out_dir, labeled, tok, meta=meta, token_budget=token_budget, progress=progress)
+    return out_dir
+
+
+def hub_source(dataset: str, hub_path: str | None = None, config: str | None = None) -> dict:
+    """The ``load_dataset`` arguments for ``dataset`` with optional overrides."""
+    if dataset not in HUB_DATASETS:
+        raise ValueError(f"unknown hub dataset {dataset!r}; valid: {', '.join(HUB_DATASETS)}")
+    spec = dict(HUB_DATASETS[dataset])
+    if hub_path is not None:
+        spec["path"] = hub_path
+        spec["config"] = config
+    elif config is not None:
+        spec["config"] = config
+    spec["text_field"] = TEXT_FIELD
+    return spec

