@@ -388,6 +388,8 @@ def test_truncated_or_corrupt_checkpoint_is_reported(train_dataset, tmp_path, ca
     train(cfg)
     ckpt = Path(cfg.out_dir) / "ckpt" / "step_0000005.pt"
     data = ckpt.read_bytes()
+    with pytest.raises(CheckpointError, match="already holds a run"):
+        train(cfg)  # a fresh run never mixes with an old run's checkpoints
 
     ckpt.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated"):

@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue the run in --out from its latest checkpoint",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in --out even if it holds checkpoints (they are deleted)",
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-progress", action="store_true", help="log lines, no progress bar")
 
@@ -79,6 +84,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             flag_values["progress"] = False
         if args.resume:
             flag_values["resume"] = True
+        if args.overwrite:
+            flag_values["overwrite"] = True
         layers = [
             (args.config or "--config", file_values),
             ("--set", set_values),

@@ -37,7 +37,8 @@ class TrainConfig:
 
     # run directory
     out_dir: str = "runs/default"
-    resume: bool = False
+    resume: bool = False  # continue from the latest checkpoint in out_dir
+    overwrite: bool = False  # start afresh in an out_dir that holds checkpoints (deletes them)
     seed: int = 1337
 
     # data
@@ -153,6 +154,8 @@ class TrainConfig:
         unknown = [g for g in self.clip_groups if g not in PARAM_GROUPS]
         if unknown:
             raise bad("clip_groups", f"unknown group {unknown[0]!r}; groups: {PARAM_GROUPS}")
+        if self.resume and self.overwrite:
+            raise bad("overwrite", "cannot be combined with resume")
         if self.pre_clip_schedule == "cosine" and self.pre_clip_c is None:
             raise bad("pre_clip_schedule", "cosine needs pre_clip_c")
         from spectra_lab.train.optimizers import OPTIMIZERS

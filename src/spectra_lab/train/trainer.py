@@ -41,6 +41,7 @@ from spectra_lab.train.checkpoint import (
     atomic_write_bytes,
     checkpoint_path,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
@@ -374,10 +375,19 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_fn)
 
         start, tokens = (0, 0)
-        if cfg.resume and latest_checkpoint(self.run_dir) is not None:
+        existing = list_checkpoints(self.run_dir)
+        if cfg.resume:
             start, tokens = self._resume()
-        elif cfg.resume:
-            raise CheckpointError(f"--resume: no checkpoint in {self.run_dir / 'ckpt'}")
+        elif existing and not cfg.overwrite:
+            raise CheckpointError(
+                f"{self.run_dir} already holds a run (checkpoint at step {existing[-1][0]}); "
+                "use --resume to continue it or --overwrite to start over"
+            )
+        elif existing and rt.is_main:
+            for _, path in existing:
+                path.unlink(missing_ok=True)
+        if rt.distributed:
+            dist.barrier()  # nobody reads a checkpoint that rank 0 is deleting
 
         forward = self.model
         if cfg.compile:
