@@ -32,6 +32,7 @@ DIRECT_FLAGS: dict[str, str] = {
     "--batch-size": "batch_size",
     "--grad-accum": "grad_accum",
     "--dataset": "dataset",
+    "--tokenizer": "tokenizer",
     "--schedule": "schedule",
     "--warmup-steps": "warmup_steps",
     "--clip-c": "clip_c",

@@ -345,4 +345,6 @@ def load_saved_config(path: Path) -> dict[str, Any]:
     import yaml
 
     data = yaml.safe_load(path.read_text()) or {}
-    return {k: _coerce(k, v, str(path)) for k, v in data.items() if k in _FIELDS}
+    # How the saved run was started says nothing about how it is continued.
+    skip = {"resume", "overwrite"}
+    return {k: _coerce(k, v, str(path)) for k, v in data.items() if k in _FIELDS and k not in skip}
