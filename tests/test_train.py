@@ -362,7 +362,12 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         Trainer(cfg, on_step=interrupt).run()
     assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [5, 10]
-    resumed = train(dataclasses.replace(cfg, resume=True))
+    # Resume through the CLI: the saved config.yaml is the base, flags apply on top.
+    assert main(["train", "--out", cfg.out_dir, "--resume"]) == 0
+    from spectra_lab.train.sample import load_model
+
+    resumed_model, _ = load_model(cfg.out_dir)
+    resumed_val = json.loads((Path(cfg.out_dir) / "summary.json").read_text())["val_loss"]
 
     def losses(run: str) -> list[float]:
         rows = read_jsonl(Path(run) / "metrics.jsonl")
@@ -371,9 +376,9 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_pat
     a, b = losses(tmp_path / "full"), losses(cfg.out_dir)
     assert len(a) == len(b) == 20
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
-    assert resumed.val_loss == pytest.approx(full.val_loss, abs=1e-6)
+    assert resumed_val == pytest.approx(full.val_loss, abs=1e-6)
     for (name, p), q in zip(
-        full.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+        full.model.state_dict().items(), resumed_model.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(q, p, rtol=0, atol=1e-6, msg=name)
     # Optimizer state survived the round trip too: identical Adam moments at the end.
