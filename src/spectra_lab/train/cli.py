@@ -1,0 +1,122 @@
+"""``spectra train``: train the main job, or any configuration of it.
+
+Configuration layers, later ones winning: the defaults of ``TrainConfig`` (or, with
+``--resume``, the run directory's saved ``config.yaml``), then ``--config FILE``, then
+``--set key=value`` items, then the direct flags (``--steps``, ``--out``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from spectra_lab.cli import CLIError
+from spectra_lab.train.config import (
+    ConfigError,
+    TrainConfig,
+    build_config,
+    load_saved_config,
+    parse_set,
+    read_config_file,
+)
+
+# flag -> config field; values stay strings and are typed by the config loader so that a
+# bad value is reported with the field's name.
+DIRECT_FLAGS: dict[str, str] = {
+    "--steps": "steps",
+    "--out": "out_dir",
+    "--optimizer": "optimizer",
+    "--lr": "lr",
+    "--preset": "preset",
+    "--batch-size": "batch_size",
+    "--grad-accum": "grad_accum",
+    "--dataset": "dataset",
+    "--tokenizer": "tokenizer",
+    "--schedule": "schedule",
+    "--warmup-steps": "warmup_steps",
+    "--clip-c": "clip_c",
+    "--seed": "seed",
+    "--device": "device",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of config fields")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="set any config field (repeatable), e.g. --set clip_groups=hidden,attn",
+    )
+    for flag, name in DIRECT_FLAGS.items():
+        default = TrainConfig.__dataclass_fields__[name].default
+        parser.add_argument(flag, dest=f"field_{name}", metavar=name.upper(),
+                            help=f"config field {name} (default {default})")  # fmt: skip
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its latest checkpoint",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in --out even if it holds checkpoints (they are deleted)",
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--no-progress", action="store_true", help="log lines, no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Resolve the layered configuration; a bad layer raises a one-line ``CLIError``."""
+    try:
+        file_values = read_config_file(args.config) if args.config else {}
+        set_values = parse_set(args.overrides)
+        flag_values: dict[str, Any] = {
+            name: getattr(args, f"field_{name}")
+            for name in DIRECT_FLAGS.values()
+            if getattr(args, f"field_{name}") is not None
+        }
+        if args.compile:
+            flag_values["compile"] = True
+        if args.no_progress:
+            flag_values["progress"] = False
+        if args.resume:
+            flag_values["resume"] = True
+        if args.overwrite:
+            flag_values["overwrite"] = True
+        layers = [
+            (args.config or "--config", file_values),
+            ("--set", set_values),
+            ("the command line", flag_values),
+        ]
+        base = None
+        if args.resume:
+            out_dir = TrainConfig.__dataclass_fields__["out_dir"].default
+            for _, layer in layers:
+                out_dir = layer.get("out_dir", out_dir)
+            saved = Path(str(out_dir)) / "config.yaml"
+            if saved.is_file():
+                base = load_saved_config(saved)
+        return build_config(*layers, base=base)
+    except ConfigError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from spectra_lab.train.checkpoint import CheckpointError
+    from spectra_lab.train.trainer import train
+
+    cfg = config_from_args(args)
+    try:
+        result = train(cfg)
+    except (CheckpointError, ConfigError) as exc:
+        raise CLIError(str(exc)) from None
+    if result.rank == 0 and result.val_loss is not None:
+        print(
+            f"final validation loss {result.val_loss:.4f} | perplexity {result.val_ppl:.2f} "
+            f"| step {result.step} | run {result.run_dir}"
+        )
+    return 0

@@ -1,0 +1,133 @@
+"""Metrics files of a run directory: ``metrics.jsonl``, ``train.csv``, ``eval.csv``, plots.
+
+Every record is one JSON line with ``kind`` ("train" or "eval") and ``step``. The CSV
+files hold the same numbers with fixed columns, for spreadsheets and pandas. Lines are
+appended as training goes; on resume the files are cut back to the checkpoint's step
+so that a resumed run's files read exactly like an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from spectra_lab.train.checkpoint import atomic_write_bytes
+
+TRAIN_COLUMNS = (
+    "step",
+    "tokens",
+    "loss",
+    "lr",
+    "clip_c",
+    "grad_norm",
+    "t_data",
+    "t_forward",
+    "t_backward",
+    "t_grad_clip",
+    "t_optimizer",
+    "t_step",
+    "tokens_per_s",
+)
+EVAL_COLUMNS = ("step", "tokens", "val_loss", "val_ppl", "t_eval")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _csv_text(columns: tuple[str, ...], records: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in records:
+        writer.writerow(r)
+    return out.getvalue()
+
+
+class MetricsWriter:
+    """Appends records to the run directory's metrics files (rank 0 only)."""
+
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
+        self.dir = Path(run_dir)
+        self.jsonl = self.dir / "metrics.jsonl"
+        self.train_csv = self.dir / "train.csv"
+        self.eval_csv = self.dir / "eval.csv"
+        kept = []
+        if resume_step is not None:
+            kept = [r for r in read_jsonl(self.jsonl) if r["step"] <= resume_step]
+        self.train_records = [r for r in kept if r["kind"] == "train"]
+        self.eval_records = [r for r in kept if r["kind"] == "eval"]
+        # Start from a consistent state: rewrite (atomically) whatever is kept.
+        atomic_write_bytes(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        atomic_write_bytes(self.train_csv, _csv_text(TRAIN_COLUMNS, self.train_records).encode())
+        atomic_write_bytes(self.eval_csv, _csv_text(EVAL_COLUMNS, self.eval_records).encode())
+
+    def log(self, kind: str, record: dict[str, Any]) -> None:
+        record = {"kind": kind, **record}
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        columns, path = (
+            (TRAIN_COLUMNS, self.train_csv) if kind == "train" else (EVAL_COLUMNS, self.eval_csv)
+        )
+        (self.train_records if kind == "train" else self.eval_records).append(record)
+        with path.open("a", newline="") as f:
+            csv.DictWriter(
+                f, fieldnames=columns, extrasaction="ignore", lineterminator="\n"
+            ).writerow(record)
+
+    def plot(self) -> None:
+        plot_curves(self.dir / "loss.png", self.train_records, self.eval_records)
+
+
+def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
+    """Training/validation loss and learning rate against step, written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_lr) = plt.subplots(
+        2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    if train:
+        steps = [r["step"] for r in train]
+        losses = [r["loss"] for r in train]
+        ax_loss.plot(steps, losses, lw=0.8, alpha=0.5, label="train (per step)")
+        window = max(1, len(losses) // 50)
+        if window > 1:  # trailing moving average
+            smooth = [
+                sum(losses[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+                for i in range(len(losses))
+            ]
+            ax_loss.plot(steps, smooth, lw=1.5, label=f"train (mean of {window})")
+        ax_lr.plot(steps, [r["lr"] for r in train], lw=1.2, color="tab:green")
+    if evals:
+        ax_loss.plot(
+            [r["step"] for r in evals],
+            [r["val_loss"] for r in evals],
+            "o-",
+            color="tab:red",
+            label="validation",
+        )
+        last = evals[-1]
+        ax_loss.set_title(
+            f"final val loss {last['val_loss']:.4f}, ppl {math.exp(last['val_loss']):.2f}"
+        )
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend(loc="upper right")
+    ax_loss.grid(alpha=0.3)
+    ax_lr.set_ylabel("lr")
+    ax_lr.set_xlabel("step")
+    ax_lr.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

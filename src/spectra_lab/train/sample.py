@@ -1,0 +1,58 @@
+"""``spectra sample``: generate text from a checkpoint (a file, or a run directory's latest)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from spectra_lab.cli import CLIError
+from spectra_lab.train.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+
+
+def load_model(ckpt: str | Path, device: str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """The model saved in ``ckpt`` (file or run directory) in eval mode, and the checkpoint."""
+    from spectra_lab.model import Llama, ModelConfig
+
+    state = load_checkpoint(resolve_checkpoint(ckpt), map_location="cpu")
+    model = Llama(ModelConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), state
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint or run dir")
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: newline)")
+    parser.add_argument("--tokens", type=int, default=200, help="new tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the top k only")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+
+
+def run(args: argparse.Namespace) -> int:
+    from spectra_lab.data import load_tokenizer
+
+    if args.tokens <= 0:
+        raise CLIError(f"--tokens must be positive, got {args.tokens}")
+    if args.temperature <= 0:
+        raise CLIError(f"--temperature must be positive, got {args.temperature}")
+    if args.top_k is not None and args.top_k <= 0:
+        raise CLIError(f"--top-k must be positive, got {args.top_k}")
+    try:
+        model, state = load_model(args.ckpt, device=args.device)
+    except CheckpointError as exc:
+        raise CLIError(str(exc)) from None
+    tokenizer = load_tokenizer(Path(state["dataset_dir"]))
+    ids = tokenizer.encode(args.prompt)
+    if not ids:
+        raise CLIError(f"--prompt {args.prompt!r} encodes to no tokens")
+    torch.manual_seed(args.seed)
+    idx = torch.tensor([ids], dtype=torch.long, device=args.device)
+    with torch.no_grad():
+        out = model.generate(idx, args.tokens, temperature=args.temperature, top_k=args.top_k)
+    print(tokenizer.decode(out[0].tolist()))
+    return 0

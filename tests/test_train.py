@@ -1,0 +1,578 @@
+"""Tests of the trainer, its checkpoints, its config loading and the train/sample CLI.
+
+The trainer imports ``spectra_lab.model``, ``spectra_lab.data`` and
+``spectra.optim.schedules`` by name. Where one of those modules is not importable, a
+small stand-in with the same interface is installed for the test (a tiny Llama with
+the same module names, a memory-mapped token dataset, a WSD schedule); where the
+real module exists, the tests run against it. The training data is a synthetic token
+stream with a learnable structure, written in the prepared-dataset format
+(``train.bin``/``val.bin`` of uint16 tokens plus ``meta.json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import socket
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from spectra_lab.cli import main
+from spectra_lab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from spectra_lab.train.config import ConfigError, TrainConfig, build_config, read_config_file
+from spectra_lab.train.metrics import read_jsonl
+from spectra_lab.train.optimizers import OPTIMIZERS, param_groups
+from spectra_lab.train.trainer import Trainer, clip_threshold, pre_clip_threshold, train
+
+VOCAB = 64
+
+
+# ---------------------------------------------------------------------------------------
+# stand-ins for modules of the model, data and optimizer packages
+
+
+def _model_stand_in() -> types.ModuleType:
+    @dataclasses.dataclass
+    class ModelConfig:
+        vocab_size: int
+        d_model: int
+        n_layers: int
+        n_heads: int
+        seq_len: int
+        tie_embeddings: bool = False
+
+    class Attention(nn.Module):
+        def __init__(self, cfg: ModelConfig) -> None:
+            super().__init__()
+            d = cfg.d_model
+            self.n_heads = cfg.n_heads
+            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, d = x.shape
+            q, k, v = (
+                w(x).view(b, t, self.n_heads, -1).transpose(1, 2)
+                for w in (self.wq, self.wk, self.wv)
+            )
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(y.transpose(1, 2).reshape(b, t, d))
+
+    class MLP(nn.Module):
+        def __init__(self, cfg: ModelConfig) -> None:
+            super().__init__()
+            d = cfg.d_model
+            self.w1, self.w3 = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
+            self.w2 = nn.Linear(2 * d, d, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self, cfg: ModelConfig) -> None:
+            super().__init__()
+            self.attn_norm, self.mlp_norm = nn.RMSNorm(cfg.d_model), nn.RMSNorm(cfg.d_model)
+            self.attn, self.mlp = Attention(cfg), MLP(cfg)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.attn_norm(x))
+            return x + self.mlp(self.mlp_norm(x))
+
+    class Llama(nn.Module):
+        def __init__(self, cfg: ModelConfig) -> None:
+            super().__init__()
+            self.cfg = cfg
+            self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.pos = nn.Parameter(0.02 * torch.randn(cfg.seq_len, cfg.d_model))
+            self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.norm = nn.RMSNorm(cfg.d_model)
+            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+        def forward(self, idx, targets=None):
+            x = self.tok_embeddings(idx) + self.pos[: idx.shape[1]]
+            for layer in self.layers:
+                x = layer(x)
+            logits = self.lm_head(self.norm(x))
+            loss = None
+            if targets is not None:
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            return logits, loss
+
+        @torch.no_grad()
+        def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+            for _ in range(max_new_tokens):
+                logits, _ = self(idx[:, -self.cfg.seq_len :])
+                logits = logits[:, -1] / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, -math.inf)
+                nxt = torch.multinomial(torch.softmax(logits, -1), 1)
+                idx = torch.cat([idx, nxt], 1)
+            return idx
+
+    def model_config(preset: str, vocab_size: int, seq_len: int | None = None) -> ModelConfig:
+        if preset != "tiny":
+            raise ValueError(f"preset {preset!r} not in this stand-in")
+        return ModelConfig(vocab_size, 32, 2, 2, seq_len or 32)
+
+    mod = types.ModuleType("spectra_lab.model")
+    mod.ModelConfig, mod.Llama, mod.model_config = ModelConfig, Llama, model_config
+    return mod
+
+
+def _data_stand_in() -> types.ModuleType:
+    class TokenDataset:
+        def __init__(self, path, seq_len: int) -> None:
+            meta = json.loads((Path(path).parent / "meta.json").read_text())
+            self.tokens = np.memmap(path, dtype=meta["dtype"], mode="r")
+            self.seq_len = seq_len
+
+        def window(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+            chunk = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
+            return chunk[:-1], chunk[1:]
+
+    class BatchSampler:
+        def __init__(self, dataset, batch_size, seed, shuffle=True) -> None:
+            self.dataset, self.batch_size = dataset, batch_size
+            self.rng = np.random.default_rng(seed)
+
+        def next_batch(self):
+            high = len(self.dataset.tokens) - self.dataset.seq_len - 1
+            starts = self.rng.integers(0, high, self.batch_size)
+            xs, ys = zip(*(self.dataset.window(int(s)) for s in starts), strict=True)
+            return torch.stack(xs), torch.stack(ys)
+
+        def state_dict(self):
+            return {"rng": self.rng.bit_generator.state}
+
+        def load_state_dict(self, state):
+            self.rng.bit_generator.state = state["rng"]
+
+    def iter_eval_batches(dataset, batch_size, max_batches=None):
+        n = (len(dataset.tokens) - 1) // dataset.seq_len
+        for b, first in enumerate(range(0, n - batch_size + 1, batch_size)):
+            if max_batches is not None and b >= max_batches:
+                return
+            xs, ys = zip(
+                *(dataset.window(i * dataset.seq_len) for i in range(first, first + batch_size)),
+                strict=True,
+            )
+            yield torch.stack(xs), torch.stack(ys)
+
+    def load_tokenizer(dataset_dir):
+        raise NotImplementedError("the stand-in has no tokenizer")
+
+    def prepare(name, out_dir, tokenizer="bpe", vocab_size=4096, **opts):
+        raise NotImplementedError("the stand-in prepares nothing")
+
+    mod = types.ModuleType("spectra_lab.data")
+    for obj in (TokenDataset, BatchSampler, iter_eval_batches, load_tokenizer, prepare):
+        setattr(mod, obj.__name__, obj)
+    return mod
+
+
+def _schedules_stand_in() -> types.ModuleType:
+    def wsd_schedule(warmup_steps, total_steps, decay_fraction=0.2):
+        decay = int(decay_fraction * total_steps)
+
+        def factor(k: int) -> float:
+            if k < warmup_steps:
+                return (k + 1) / warmup_steps
+            if decay and k >= total_steps - decay:
+                return 1.0 - math.sqrt((k - (total_steps - decay) + 1) / decay)
+            return 1.0
+
+        return factor
+
+    def cosine_schedule(warmup_steps, total_steps, final_ratio=0.0):
+        def factor(k: int) -> float:
+            if k < warmup_steps:
+                return (k + 1) / warmup_steps
+            t = (k - warmup_steps) / max(total_steps - warmup_steps, 1)
+            return final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+        return factor
+
+    mod = types.ModuleType("spectra.optim.schedules")
+    mod.wsd_schedule, mod.cosine_schedule = wsd_schedule, cosine_schedule
+    return mod
+
+
+def _missing(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return True
+    return False
+
+
+def stand_ins() -> dict[str, types.ModuleType]:
+    """Modules to put in ``sys.modules`` for the names that are not importable."""
+    out = {}
+    if _missing("spectra_lab.model"):
+        out["spectra_lab.model"] = _model_stand_in()
+    if _missing("spectra_lab.data"):
+        out["spectra_lab.data"] = _data_stand_in()
+    if _missing("spectra.optim.schedules"):
+        if _missing("spectra.optim"):
+            out["spectra.optim"] = types.ModuleType("spectra.optim")
+        out["spectra.optim.schedules"] = _schedules_stand_in()
+    return out
+
+
+@pytest.fixture(autouse=True)
+def train_modules(monkeypatch):
+    for name, mod in stand_ins().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.fixture(autouse=True)
+def train_one_thread():
+    # Tiny matrices: intra-op threads only add synchronization cost on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_dataset(folder: Path, n_train: int = 20000, n_val: int = 4096) -> Path:
+    """A token stream where each token is a fixed function of the last one 90% of the time."""
+    rng = np.random.default_rng(0)
+    table = rng.permutation(VOCAB)
+
+    def stream(n: int) -> np.ndarray:
+        out = np.empty(n, dtype=np.uint16)
+        out[0] = 0
+        noise = rng.random(n) < 0.1
+        rand = rng.integers(0, VOCAB, n)
+        for i in range(1, n):
+            out[i] = rand[i] if noise[i] else table[out[i - 1]]
+        return out
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stream(n_train).tofile(folder / "train.bin")
+    stream(n_val).tofile(folder / "val.bin")
+    meta = {"vocab_size": VOCAB, "dtype": "uint16", "tokenizer": "test"}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def train_dataset(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("data") / "markov")
+
+
+def small_config(dataset: Path, out: Path, **kw) -> TrainConfig:
+    values = dict(
+        dataset=str(dataset),
+        out_dir=str(out),
+        preset="tiny",
+        seq_len=32,
+        optimizer="torch-adamw",
+        lr=1e-2,
+        steps=20,
+        warmup_steps=4,
+        batch_size=8,
+        eval_interval=10,
+        eval_batches=4,
+        checkpoint_interval=5,
+        keep_checkpoints=0,
+        progress=False,
+        plot=False,
+        device="cpu",
+    )
+    values.update(kw)
+    return TrainConfig(**values)
+
+
+# ---------------------------------------------------------------------------------------
+# training
+
+
+def test_cli_short_run_loss_falls_and_writes_metrics(train_dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--preset", "tiny", "--dataset", str(train_dataset), "--steps", "30"]
+    argv += ["--out", str(out), "--optimizer", "torch-adamw", "--lr", "1e-2", "--no-progress"]
+    argv += ["--set", "eval_interval=10", "--set", "eval_batches=4", "--set", "seq_len=32"]
+    argv += ["--set", "warmup_steps=5", "--batch-size", "8", "--device", "cpu"]
+    assert main(argv) == 0
+    final = capsys.readouterr().out.strip().splitlines()[-1]
+    assert final.startswith("final validation loss")
+
+    train_rows = read_jsonl(out / "metrics.jsonl")
+    steps = [r for r in train_rows if r["kind"] == "train"]
+    evals = [r for r in train_rows if r["kind"] == "eval"]
+    assert [r["step"] for r in steps] == list(range(1, 31))
+    assert [r["step"] for r in evals] == [10, 20, 30]
+    first = np.mean([r["loss"] for r in steps[:5]])
+    last = np.mean([r["loss"] for r in steps[-5:]])
+    assert first > math.log(VOCAB) - 0.3  # starts near the uniform-prediction loss
+    assert last < first - 1.0, (first, last)
+    for r in steps:
+        phases = r["t_data"] + r["t_forward"] + r["t_backward"] + r["t_grad_clip"]
+        assert phases + r["t_optimizer"] <= r["t_step"] + 1e-9
+        assert r["tokens"] == r["step"] * 8 * 32
+
+    # CSV files carry the same numbers as the JSONL file.
+    import csv
+
+    with (out / "train.csv").open() as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(csv_rows) == 30
+    assert float(csv_rows[-1]["loss"]) == pytest.approx(steps[-1]["loss"], rel=1e-12)
+    with (out / "eval.csv").open() as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == [10, 20, 30]
+    assert (out / "loss.png").stat().st_size > 1000
+    assert yaml.safe_load((out / "config.yaml").read_text())["steps"] == 30
+
+    # The reported validation loss equals an independent recomputation from the checkpoint.
+    summary = json.loads((out / "summary.json").read_text())
+    from spectra_lab.data import TokenDataset, iter_eval_batches
+
+    from spectra_lab.train.sample import load_model
+
+    model, _ = load_model(out)
+    val = TokenDataset(train_dataset / "val.bin", 32)
+    with torch.no_grad():
+        losses = [model(x, y)[1].item() for x, y in iter_eval_batches(val, 8, max_batches=4)]
+    assert summary["val_loss"] == pytest.approx(np.mean(losses), rel=1e-6)
+    assert summary["val_ppl"] == pytest.approx(math.exp(np.mean(losses)), rel=1e-6)
+    assert evals[-1]["val_loss"] == pytest.approx(summary["val_loss"], rel=1e-12)
+    assert f"{summary['val_loss']:.4f}" in final
+
+
+def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_path):
+    full = train(small_config(train_dataset, tmp_path / "full", grad_accum=2))
+
+    def interrupt(step, record):
+        if step == 13:
+            raise KeyboardInterrupt
+
+    cfg = small_config(train_dataset, tmp_path / "cut", grad_accum=2)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, on_step=interrupt).run()
+    assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [5, 10]
+    # Resume through the CLI: the saved config.yaml is the base, flags apply on top.
+    assert main(["train", "--out", cfg.out_dir, "--resume"]) == 0
+    from spectra_lab.train.sample import load_model
+
+    resumed_model, _ = load_model(cfg.out_dir)
+    resumed_val = json.loads((Path(cfg.out_dir) / "summary.json").read_text())["val_loss"]
+
+    def losses(run: str) -> list[float]:
+        rows = read_jsonl(Path(run) / "metrics.jsonl")
+        return [r["loss"] for r in rows if r["kind"] == "train"]
+
+    a, b = losses(tmp_path / "full"), losses(cfg.out_dir)
+    assert len(a) == len(b) == 20
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
+    assert resumed_val == pytest.approx(full.val_loss, abs=1e-6)
+    for (name, p), q in zip(
+        full.model.state_dict().items(), resumed_model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-6, msg=name)
+    # Optimizer state survived the round trip too: identical Adam moments at the end.
+    sa = load_checkpoint(tmp_path / "full" / "ckpt" / "step_0000020.pt")["optimizer"]["state"]
+    sb = load_checkpoint(Path(cfg.out_dir) / "ckpt" / "step_0000020.pt")["optimizer"]["state"]
+    for i in sa:
+        torch.testing.assert_close(sb[i]["exp_avg_sq"], sa[i]["exp_avg_sq"], rtol=0, atol=1e-9)
+
+
+def test_truncated_or_corrupt_checkpoint_is_reported(train_dataset, tmp_path, capsys):
+    cfg = small_config(train_dataset, tmp_path / "run", steps=5, eval_interval=5)
+    train(cfg)
+    ckpt = Path(cfg.out_dir) / "ckpt" / "step_0000005.pt"
+    data = ckpt.read_bytes()
+    with pytest.raises(CheckpointError, match="already holds a run"):
+        train(cfg)  # a fresh run never mixes with an old run's checkpoints
+
+    ckpt.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_checkpoint(ckpt)
+    code = main(["train", "--out", cfg.out_dir, "--resume", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "truncated" in err and str(ckpt) in err
+
+    corrupt = bytearray(data)
+    corrupt[100] ^= 0xFF
+    ckpt.write_bytes(bytes(corrupt))
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(ckpt)
+
+
+def test_sample_cli_generates_from_run_dir(train_dataset, tmp_path, capsys, monkeypatch):
+    cfg = small_config(train_dataset, tmp_path / "run", steps=3, eval_interval=3, warmup_steps=1)
+    train(cfg)
+
+    class Chars:  # one character per token id
+        vocab_size = VOCAB
+
+        def __init__(self, dataset_dir=None) -> None:
+            pass
+
+        def encode(self, text):
+            return [ord(c) - 48 for c in text]
+
+        def decode(self, ids):
+            return "".join(chr(48 + i) for i in ids)
+
+    monkeypatch.setattr(importlib.import_module("spectra_lab.data"), "load_tokenizer", Chars)
+    capsys.readouterr()
+    argv = ["sample", "--ckpt", cfg.out_dir, "--prompt", "abc", "--tokens", "7", "--top-k", "5"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    assert text.startswith("abc") and len(text) == 10
+    assert main(["sample", "--ckpt", str(tmp_path / "nowhere")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# configuration
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--set", "lerning_rate=1"], "unknown config field 'lerning_rate'"),
+        (["--steps", "ten"], "config field 'steps'"),
+        (["--set", "clip_groups=hidden,bogus"], "clip_groups"),
+        (["--optimizer", "adam9"], "config field 'optimizer'"),
+        (["--set", "lr"], "--set expects key=value"),
+        (["--lr", "-1"], "config field 'lr'"),
+    ],
+)
+def test_bad_config_is_one_line_error(argv, needle, capsys):
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("spectra train: error:") and needle in err, err
+
+
+def test_config_files_yaml_and_toml_with_overrides(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text(
+        "lr: 3e-4\nsteps: 70\nclip_groups: [hidden]\ngrad_clip: null\n"
+    )
+    (tmp_path / "a.toml").write_text('lr = 3e-4\nsteps = 70\nclip_groups = ["hidden"]\n')
+    for name in ("a.yaml", "a.toml"):
+        values = read_config_file(tmp_path / name)
+        cfg = build_config((name, values), ("--set", {"steps": "90"}))
+        assert (cfg.lr, cfg.steps, cfg.clip_groups) == (3e-4, 90, ["hidden"])
+    assert build_config(("a.yaml", read_config_file(tmp_path / "a.yaml"))).grad_clip is None
+    (tmp_path / "bad.yaml").write_text("lr: fast\n")
+    assert main(["train", "--config", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'lr'" in err and "bad.yaml" in err
+    with pytest.raises(ConfigError, match="did you mean 'lr'"):
+        build_config(("x", {"lrr": 1}))
+
+
+def test_default_config_is_the_papers_recipe():
+    cfg = TrainConfig()
+    assert (cfg.optimizer, cfg.preset, cfg.dataset, cfg.tokenizer) == (
+        "spectra-adamw",
+        "cpu-small",
+        "shakespeare",
+        "bpe",
+    )
+    assert (cfg.weight_decay, cfg.grad_clip, cfg.clip_c, cfg.clip_schedule) == (
+        0.1,
+        0.5,
+        10.0,
+        "standard",
+    )
+    assert cfg.schedule == "wsd" and cfg.clip_groups == ["hidden", "attn"]
+    assert set(OPTIMIZERS) >= {
+        "adamw", "spectra-adamw", "signum", "spectra-signum", "ademamix", "spectra-ademamix",
+        "mars", "spectra-mars", "sgdm", "spectra-sgdm", "adamw-post-orth", "dmuon", "soap",
+        "torch-adamw",
+    }  # fmt: skip
+
+
+def test_param_groups_decay_and_clip_only_hidden_and_attention_matrices():
+    from spectra_lab.model import Llama, model_config
+
+    model = Llama(model_config("tiny", VOCAB, seq_len=32))
+    groups = {g["group"]: g for g in param_groups(model, TrainConfig())}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sum(len(g["params"]) for g in groups.values()) == len(names)
+    for group, g in groups.items():
+        matrix = group in ("hidden", "attn")
+        assert g["weight_decay"] == (0.1 if matrix else 0.0)
+        assert g["spectral_clip"] == matrix
+        for p in g["params"]:
+            n = names[id(p)]
+            if group == "attn":
+                assert ".attn." in n and p.ndim == 2
+            if group == "hidden":
+                assert ".mlp." in n and p.ndim == 2
+            if group == "norm":
+                assert p.ndim == 1
+    assert "tok_embeddings.weight" in [names[id(p)] for p in groups["embed"]["params"]]
+    assert [names[id(p)] for p in groups["head"]["params"]] == ["lm_head.weight"]
+
+
+def test_standard_clip_schedule_keeps_update_capacity_constant_in_warmup():
+    cfg = TrainConfig(steps=100, warmup_steps=10)
+    lr, c = 1e-3, 10.0
+    for k, factor in [(0, 0.1), (4, 0.5), (9, 1.0)]:
+        # c_k * eta_k = c * eta during warmup
+        assert clip_threshold(c, k, factor, cfg) * lr * factor == pytest.approx(c * lr)
+    assert clip_threshold(c, 50, 0.3, cfg) == c  # after warmup (e.g. in the decay phase)
+    assert clip_threshold(c, 3, 0.4, dataclasses.replace(cfg, clip_schedule="constant")) == c
+    cos = dataclasses.replace(cfg, pre_clip_c=10.0, pre_clip_schedule="cosine")
+    assert pre_clip_threshold(10.0, 0, cos) == pytest.approx(10.0)
+    assert pre_clip_threshold(10.0, 99, cos) == pytest.approx(0.01)
+    mid = pre_clip_threshold(10.0, 99 / 2, cos)
+    assert mid == pytest.approx((10.0 + 0.01) / 2)
+
+
+# ---------------------------------------------------------------------------------------
+# DDP
+
+
+def _ddp_worker(rank: int, port: int, dataset: str, out: str, result_dir: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    for name, mod in stand_ins().items():
+        sys.modules[name] = mod
+    cfg = small_config(Path(dataset), Path(out), steps=4, grad_accum=2, eval_interval=4)
+    result = train(cfg)
+    torch.save(result.model.state_dict(), Path(result_dir) / f"rank{rank}.pt")
+
+
+def test_ddp_two_processes_end_with_identical_weights(train_dataset, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    torch.multiprocessing.spawn(
+        _ddp_worker, args=(port, str(train_dataset), str(out), str(tmp_path)), nprocs=2
+    )
+    w0 = torch.load(tmp_path / "rank0.pt")
+    w1 = torch.load(tmp_path / "rank1.pt")
+    for name in w0:
+        torch.testing.assert_close(w1[name], w0[name], rtol=0, atol=0, msg=name)
+    state = load_checkpoint(out / "ckpt" / "step_0000004.pt")
+    assert state["world_size"] == 2
+    s0, s1 = state["samplers"]
+    assert s0 != s1  # each rank draws its own data stream
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert rows[0]["tokens"] == 2 * 2 * 8 * 32  # ranks x accumulation x batch x seq_len
