@@ -62,8 +62,11 @@ SPECTRA_DEFAULTS: dict[str, Any] = {
     "peak_lr": None,
 }
 
-#: Default chunk size (elements) bounding the transient memory of one step.
-DEFAULT_CHUNK_SIZE = 1 << 24
+#: ``chunk_size=None`` processes a group in chunks of ``max(largest parameter, group size / 8)``
+#: elements, keeping a step's transient memory below the single full-size temporary of
+#: ``torch.optim.AdamW(foreach=True)``.
+DEFAULT_CHUNK_SIZE = None
+AUTO_CHUNKS = 8
 
 
 # --------------------------------------------------------------------------- validation
@@ -137,9 +140,11 @@ def spectral_settings(group: dict[str, Any]) -> None:
         group[key] = ClipSchedule.coerce(group[key]).as_dict()
 
 
-def check_chunk_size(chunk_size: Any) -> int:
+def check_chunk_size(chunk_size: Any) -> int | None:
+    if chunk_size is None:
+        return None
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+        raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
     return chunk_size
 
 
@@ -322,7 +327,8 @@ class SpectraOptimizer(Optimizer):
             inf/nan, before anything changes; ``"skip"`` leaves parameters and state untouched
             for that step and counts it in ``num_skipped_steps``.
         chunk_size: at most this many elements (or one parameter, if larger) are processed at
-            a time, bounding the step's transient memory.
+            a time, bounding the step's transient memory; ``None`` (default) uses
+            ``max(largest parameter, group size / 8)``.
     """
 
     def __init__(
@@ -332,7 +338,7 @@ class SpectraOptimizer(Optimizer):
         spectra: dict[str, Any],
         *,
         nonfinite: str = "raise",
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     ) -> None:
         settings = {**SPECTRA_DEFAULTS, **spectra}
         unknown = set(settings) - set(SPECTRA_DEFAULTS)
@@ -445,6 +451,9 @@ class SpectraOptimizer(Optimizer):
     def _step_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
         entries = sorted(self._plan(group, params), key=_Entry.sort_key)
         budget = group["chunk_size"]
+        if budget is None:
+            sizes = [e.p.numel() for e in entries]
+            budget = max(max(sizes), -(-sum(sizes) // AUTO_CHUNKS))
         start, size = 0, 0
         for i, e in enumerate(entries):
             n = e.p.numel()

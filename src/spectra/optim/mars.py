@@ -44,7 +44,7 @@ class MARS(SpectraOptimizer):
         weight_decay_1d: float | None = None,
         *,
         nonfinite: str = "raise",
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         **spectra: Any,
     ) -> None:
         defaults = {

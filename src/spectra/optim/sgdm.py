@@ -36,7 +36,7 @@ class SGDM(SpectraOptimizer):
         weight_decay: float = 0.1,
         *,
         nonfinite: str = "raise",
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         **spectra: Any,
     ) -> None:
         defaults = {"lr": lr, "beta": beta, "weight_decay": weight_decay}

@@ -51,7 +51,7 @@ class Signum(SpectraOptimizer):
         weight_decay: float = 0.1,
         *,
         nonfinite: str = "raise",
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         **spectra: Any,
     ) -> None:
         defaults = {
