@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import math
+import re
 
 import pytest
 import torch
@@ -479,18 +480,18 @@ def test_nonfinite_gradient_is_skipped_when_asked(name):
     ],
 )
 def test_invalid_hyperparameters_raise_value_error_naming_the_value(kwargs, needle):
-    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(needle)):
         so.AdamW(make_params(), **kwargs)
 
 
 def test_invalid_base_specific_hyperparameters_raise():
-    with pytest.raises(ValueError, match="1.2"):
+    with pytest.raises(ValueError, match=re.escape("1.2")):
         so.Signum(make_params(), momentum=1.2)
     with pytest.raises(ValueError, match="beta"):
         so.SGDM(make_params(), beta=0.0)
     with pytest.raises(ValueError, match="triple"):
         so.AdEMAMix(make_params(), betas=(0.9, 0.99))
-    with pytest.raises(ValueError, match="-0.1"):
+    with pytest.raises(ValueError, match=re.escape("-0.1")):
         so.MARS(make_params(), gamma=-0.1)
     with pytest.raises(ValueError, match="-7"):
         so.AdamW([{"params": make_params(), "clip_c": -7.0}])
