@@ -1,0 +1,98 @@
+"""AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization") inside the SPECTRA step."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from spectra.optim.base import DEFAULT_CHUNK_SIZE, SpectraOptimizer, check_beta, check_nonnegative
+
+
+def adam_direction(
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[int],
+    beta1: float,
+    beta2: float,
+    eps: float,
+    out: list[Tensor],
+) -> None:
+    r"""Adam's moment updates and direction, written into ``out``.
+
+    ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``,
+    ``U = (m/(1−β₁ᵗ)) / (√v/√(1−β₂ᵗ) + ε)``.
+    """
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+    torch._foreach_copy_(out, exp_avg_sqs)
+    torch._foreach_sqrt_(out)
+    torch._foreach_div_(out, [math.sqrt(1.0 - beta2**t) for t in steps])
+    torch._foreach_add_(out, eps)
+    torch._foreach_reciprocal_(out)
+    torch._foreach_mul_(out, exp_avgs)
+    torch._foreach_div_(out, [1.0 - beta1**t for t in steps])
+
+
+class AdamW(SpectraOptimizer):
+    r"""AdamW with SPECTRA post-clipping (Spectra-AdamW).
+
+    Base direction ``U = m̂/(√v̂ + ε)``; update ``X ← (1−λη)X − αη·H_{c_k}(U)``.
+    With ``clip_c=None`` this is ``torch.optim.AdamW`` (same state, same update up to float
+    round-off). Defaults follow the paper's tables (lr 1e-3, betas (0.9, 0.999), λ = 0.1,
+    c = 10, "standard" clip schedule).
+
+    Args:
+        params: parameters or param groups.
+        lr, betas, eps, weight_decay: AdamW hyperparameters.
+        **spectra: SPECTRA settings (``clip_c``, ``clip_scale``, ``clip_method``,
+            ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``,
+            ``warmup_steps``, ``peak_lr``); see ``docs/optimizers.md``.
+        nonfinite, chunk_size: see :class:`~spectra.optim.base.SpectraOptimizer`.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        *,
+        nonfinite: str = "raise",
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        **spectra: Any,
+    ) -> None:
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults, spectra, nonfinite=nonfinite, chunk_size=chunk_size)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        check_nonnegative(group["lr"], "lr")
+        check_nonnegative(group["eps"], "eps")
+        check_nonnegative(group["weight_decay"], "weight_decay")
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair, got {betas!r}")
+        check_beta(betas[0], "betas[0]")
+        check_beta(betas[1], "betas[1]")
+
+    def _init_state(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _direction(self, group, params, grads, states, out) -> None:
+        beta1, beta2 = group["betas"]
+        adam_direction(
+            grads,
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [s["step"] for s in states],
+            beta1,
+            beta2,
+            group["eps"],
+            out,
+        )

@@ -1,0 +1,110 @@
+"""AdEMAMix (Pagliardini, Ablin & Grangier, "The AdEMAMix Optimizer: Better, Faster, Older")
+inside the SPECTRA step."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from spectra.optim.base import DEFAULT_CHUNK_SIZE, SpectraOptimizer, check_beta, check_nonnegative
+
+
+def alpha_schedule(step: int, alpha: float, warmup: int | None) -> float:
+    r"""Linear warmup of the slow-EMA weight: ``α_t = min(t·α/T_α, α)`` (``α`` if no warmup)."""
+    if not warmup:
+        return alpha
+    return min(step * alpha / warmup, alpha)
+
+
+def beta3_schedule(step: int, beta1: float, beta3: float, warmup: int | None) -> float:
+    r"""The AdEMAMix β₃ warmup, linear in the half-life (log-space) from β₁ to β₃:
+
+    ``β₃(t) = min(exp(ln β₁ ln β₃ / ((1 − t/T) ln β₃ + (t/T) ln β₁)), β₃)``.
+    """
+    if not warmup or beta3 == 0.0 or beta1 == 0.0:
+        return beta3
+    a = min(step / warmup, 1.0)
+    lb1, lb3 = math.log(beta1), math.log(beta3)
+    return min(math.exp(lb1 * lb3 / ((1.0 - a) * lb3 + a * lb1)), beta3)
+
+
+class AdEMAMix(SpectraOptimizer):
+    r"""AdEMAMix with SPECTRA post-clipping (Spectra-AdEMAMix).
+
+    ``m₁ ← β₁m₁ + (1−β₁)g``, ``m₂ ← β₃(t)m₂ + (1−β₃(t))g``, ``v ← β₂v + (1−β₂)g²``,
+    ``U = (m₁/(1−β₁ᵗ) + α(t)m₂) / (√(v/(1−β₂ᵗ)) + ε)``; ``X ← (1−λη)X − αη·H_{c_k}(U)``
+    (the clip scale α of SPECTRA is unrelated to AdEMAMix's α). ``alpha_warmup`` and
+    ``beta3_warmup`` (steps; the AdEMAMix paper sets both to the run length) enable the
+    schedules :func:`alpha_schedule` and :func:`beta3_schedule`. Defaults follow the paper's
+    tables (lr 1e-3, betas (0.9, 0.999, 0.999), α = 8, λ = 0.1, c = 10).
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float, float] = (0.9, 0.999, 0.999),
+        alpha: float = 8.0,
+        alpha_warmup: int | None = None,
+        beta3_warmup: int | None = None,
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        *,
+        nonfinite: str = "raise",
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        **spectra: Any,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "alpha": alpha,
+            "alpha_warmup": alpha_warmup,
+            "beta3_warmup": beta3_warmup,
+            "eps": eps,
+            "weight_decay": weight_decay,
+        }
+        super().__init__(params, defaults, spectra, nonfinite=nonfinite, chunk_size=chunk_size)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        check_nonnegative(group["lr"], "lr")
+        check_nonnegative(group["eps"], "eps")
+        check_nonnegative(group["weight_decay"], "weight_decay")
+        check_nonnegative(group["alpha"], "alpha")
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 3:
+            raise ValueError(f"betas must be a triple (beta1, beta2, beta3), got {betas!r}")
+        for i, b in enumerate(betas):
+            check_beta(b, f"betas[{i}]")
+        for key in ("alpha_warmup", "beta3_warmup"):
+            w = group[key]
+            if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+                raise ValueError(f"{key} must be None or an int >= 1, got {w!r}")
+
+    def _init_state(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
+        for key in ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq"):
+            state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _direction(self, group, params, grads, states, out) -> None:
+        beta1, beta2, beta3 = group["betas"]
+        steps = [s["step"] for s in states]
+        alphas = [alpha_schedule(t, group["alpha"], group["alpha_warmup"]) for t in steps]
+        beta3s = [beta3_schedule(t, beta1, beta3, group["beta3_warmup"]) for t in steps]
+        fast = [s["exp_avg_fast"] for s in states]
+        slow = [s["exp_avg_slow"] for s in states]
+        sq = [s["exp_avg_sq"] for s in states]
+        torch._foreach_lerp_(fast, grads, 1.0 - beta1)
+        torch._foreach_lerp_(slow, grads, [1.0 - b for b in beta3s])
+        torch._foreach_mul_(sq, beta2)
+        torch._foreach_addcmul_(sq, grads, grads, 1.0 - beta2)
+        denom = torch._foreach_sqrt(sq)
+        torch._foreach_div_(denom, [math.sqrt(1.0 - beta2**t) for t in steps])
+        torch._foreach_add_(denom, group["eps"])
+        torch._foreach_copy_(out, fast)
+        torch._foreach_div_(out, [1.0 - beta1**t for t in steps])
+        for a in sorted(set(alphas)):
+            idx = [i for i, x in enumerate(alphas) if x == a]
+            torch._foreach_add_([out[i] for i in idx], [slow[i] for i in idx], alpha=a)
+        torch._foreach_div_(out, denom)

@@ -1,0 +1,126 @@
+"""MARS-AdamW (Yuan et al., "MARS: Unleashing the Power of Variance Reduction for Training Large
+Models"), approximate form, inside the SPECTRA step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from spectra.optim.adamw import adam_direction
+from spectra.optim.base import DEFAULT_CHUNK_SIZE, SpectraOptimizer, check_beta, check_nonnegative
+
+
+def _uses_mars(p: Tensor) -> bool:
+    return p.dim() >= 2
+
+
+class MARS(SpectraOptimizer):
+    r"""MARS-AdamW (approximate) with SPECTRA post-clipping (Spectra-MARS).
+
+    For parameters with two or more dimensions:
+    ``c = g + γ·β₁/(1−β₁)·(g − g_prev)`` (``g_prev`` the previous gradient, zero at the first
+    step), ``c ← c/max(1, ‖c‖_F)``, ``m ← β₁m + (1−β₁)c``, ``v ← β₂v + (1−β₂)c²``,
+    ``U = m̂/(√v̂ + ε)``; ``X ← (1−λη)X − αη·H_{c_k}(U)``.
+
+    Other parameters use AdamW with ``betas_1d``, learning rate ``lr_1d_factor·lr`` and weight
+    decay ``weight_decay_1d`` (``None``: ``weight_decay``), as in the MARS reference code.
+    Defaults follow the paper's tables: lr 3e-3 (MARS), 1e-3 for AdamW (``lr_1d_factor=1/3``),
+    betas (0.95, 0.99), betas_1d (0.8, 0.999), γ = 0.025, λ = 0.1, c = 10. The gradient
+    history ``last_grad`` is kept only for the MARS (≥ 2-D) parameters.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 3e-3,
+        betas: tuple[float, float] = (0.95, 0.99),
+        gamma: float = 0.025,
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        lr_1d_factor: float = 1.0 / 3.0,
+        betas_1d: tuple[float, float] = (0.8, 0.999),
+        weight_decay_1d: float | None = None,
+        *,
+        nonfinite: str = "raise",
+        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        **spectra: Any,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "gamma": gamma,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "lr_1d_factor": lr_1d_factor,
+            "betas_1d": betas_1d,
+            "weight_decay_1d": weight_decay_1d,
+        }
+        super().__init__(params, defaults, spectra, nonfinite=nonfinite, chunk_size=chunk_size)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        for key in ("lr", "eps", "weight_decay", "gamma", "lr_1d_factor"):
+            check_nonnegative(group[key], key)
+        if group["weight_decay_1d"] is not None:
+            check_nonnegative(group["weight_decay_1d"], "weight_decay_1d")
+        for key in ("betas", "betas_1d"):
+            betas = group[key]
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"{key} must be a pair, got {betas!r}")
+            check_beta(betas[0], f"{key}[0]")
+            check_beta(betas[1], f"{key}[1]")
+
+    def _param_rules(self, group: dict[str, Any], p: Tensor) -> tuple[float, float]:
+        if _uses_mars(p):
+            return 1.0, float(group["weight_decay"])
+        wd = group["weight_decay_1d"]
+        return float(group["lr_1d_factor"]), float(group["weight_decay"] if wd is None else wd)
+
+    def _init_state(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if _uses_mars(p):
+            state["last_grad"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _direction(self, group, params, grads, states, out) -> None:
+        mars = [i for i, p in enumerate(params) if _uses_mars(p)]
+        adam = [i for i, p in enumerate(params) if not _uses_mars(p)]
+        if adam:
+            b1, b2 = group["betas_1d"]
+            adam_direction(
+                [grads[i] for i in adam],
+                [states[i]["exp_avg"] for i in adam],
+                [states[i]["exp_avg_sq"] for i in adam],
+                [states[i]["step"] for i in adam],
+                b1,
+                b2,
+                group["eps"],
+                [out[i] for i in adam],
+            )
+        if not mars:
+            return
+        b1, b2 = group["betas"]
+        g = [grads[i] for i in mars]
+        last = [states[i]["last_grad"] for i in mars]
+        c = [out[i] for i in mars]
+        # c = g + γβ₁/(1−β₁)·(g − g_prev), built in the output buffer.
+        torch._foreach_copy_(c, g)
+        torch._foreach_sub_(c, last)
+        torch._foreach_mul_(c, group["gamma"] * b1 / (1.0 - b1))
+        torch._foreach_add_(c, g)
+        # c ← c / max(1, ‖c‖) without a host synchronisation.
+        norms = torch._foreach_norm(c)
+        torch._foreach_clamp_min_(norms, 1.0)
+        torch._foreach_div_(c, norms)
+        torch._foreach_copy_(last, g)
+        adam_direction(
+            c,
+            [states[i]["exp_avg"] for i in mars],
+            [states[i]["exp_avg_sq"] for i in mars],
+            [states[i]["step"] for i in mars],
+            b1,
+            b2,
+            group["eps"],
+            c,
+        )

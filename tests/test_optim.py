@@ -1,0 +1,499 @@
+"""Generic optimizer properties (in the manner of PyTorch's test_optim) and base-algorithm
+references for the SPECTRA optimizers."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import re
+
+import pytest
+import torch
+
+import spectra.optim as so
+from spectra.optim import base as spectra_base
+
+SHAPES = [(8, 6), (8, 6), (6, 8), (5,), (3, 4, 2)]
+
+
+def make_params(dtype=torch.float64, seed=0, shapes=SHAPES):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes
+    ]
+
+
+def grad_stream(shapes=SHAPES, seed=1, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        yield [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
+
+
+def run(opt, params, steps, grads, sched=None):
+    for _ in range(steps):
+        for p, gr in zip(params, next(grads), strict=True):
+            p.grad = gr.to(p.dtype).clone()
+        opt.step()
+        if sched is not None:
+            sched.step()
+
+
+FACTORIES = {
+    "AdamW": lambda ps, **kw: so.AdamW(ps, lr=1e-2, **kw),
+    "Signum": lambda ps, **kw: so.Signum(ps, lr=1e-2, **kw),
+    "AdEMAMix": lambda ps, **kw: so.AdEMAMix(ps, lr=1e-2, alpha_warmup=5, beta3_warmup=5, **kw),
+    "MARS": lambda ps, **kw: so.MARS(ps, lr=1e-2, **kw),
+    "SGDM": lambda ps, **kw: so.SGDM(ps, lr=1e-1, beta=0.5, **kw),
+    "Spectra(torch AdamW)": lambda ps, **kw: so.Spectra(
+        torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), **kw
+    ),
+}
+SPECTRA_KW = {"clip_c": 0.5, "pre_clip_c": 2.0, "warmup_steps": 2}
+
+
+def svd_map(X, phi):
+    """Reference spectral map in float64: U diag(phi(S)) Vᵀ."""
+    U, S, Vh = torch.linalg.svd(X.double(), full_matrices=False)
+    return (U * phi(S).unsqueeze(-2)) @ Vh
+
+
+def soft_ref(X, c):
+    return svd_map(X, lambda s: s / torch.sqrt(1 + (s / c) ** 2))
+
+
+# --------------------------------------------------------------------------- base algorithms
+
+
+def test_adamw_without_clip_matches_torch_adamw_over_100_steps_float32():
+    p1, p2 = make_params(torch.float32), make_params(torch.float32)
+    o1 = so.AdamW(p1, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1, clip_c=None)
+    o2 = torch.optim.AdamW(p2, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1, foreach=True)
+    g1, g2 = grad_stream(dtype=torch.float32), grad_stream(dtype=torch.float32)
+    run(o1, p1, 100, g1)
+    run(o2, p2, 100, g2)
+    for a, b in zip(p1, p2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(p1, p2, strict=True):
+        torch.testing.assert_close(o1.state[a]["exp_avg_sq"], o2.state[b]["exp_avg_sq"])
+
+
+def _reference_run(update, params, steps, grads):
+    """Run a per-tensor reference ``update(i, p, g, t)`` (in place) for ``steps`` steps."""
+    for t in range(1, steps + 1):
+        for i, (p, g) in enumerate(zip(params, next(grads), strict=True)):
+            update(i, p, g, t)
+
+
+def test_signum_matches_sgd_nesterov_sign_reference():
+    # Reference: the sign of torch-style Nesterov SGD (buf ← βbuf + g, u = g + βbuf), λ decoupled.
+    lr, beta, wd = 1e-2, 0.9, 0.1
+    ps = make_params()
+    opt = so.Signum(ps, lr=lr, momentum=beta, weight_decay=wd, clip_c=None)
+    run(opt, ps, 12, grad_stream())
+    ref = [p.detach().clone() for p in make_params()]
+    bufs = [torch.zeros_like(p) for p in ref]
+
+    def update(i, p, g, t):
+        bufs[i].mul_(beta).add_(g)
+        u = g + beta * bufs[i]
+        p.mul_(1 - lr * wd).add_(u.sign(), alpha=-lr)
+
+    _reference_run(update, ref, 12, grad_stream())
+    for a, b in zip(ps, ref, strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=1e-14)
+
+
+def test_ademamix_matches_reference_with_half_life_warmups():
+    lr, (b1, b2, b3), alpha, eps, wd, T = 1e-2, (0.9, 0.99, 0.999), 5.0, 1e-8, 0.1, 7
+    ps = make_params()
+    opt = so.AdEMAMix(
+        ps,
+        lr=lr,
+        betas=(b1, b2, b3),
+        alpha=alpha,
+        alpha_warmup=T,
+        beta3_warmup=T,
+        eps=eps,
+        weight_decay=wd,
+        clip_c=None,
+    )
+    run(opt, ps, 10, grad_stream())
+
+    def half_life(beta):
+        return math.log(0.5) / math.log(beta) - 1
+
+    def beta3_at(t):  # linear in the half-life, as in the AdEMAMix reference code
+        if t >= T:
+            return b3
+        a = t / T
+        return 0.5 ** (1 / ((1 - a) * half_life(b1) + a * half_life(b3) + 1))
+
+    ref = [p.detach().clone() for p in make_params()]
+    st = [[torch.zeros_like(p) for _ in range(3)] for p in ref]
+
+    def update(i, p, g, t):
+        m1, m2, v = st[i]
+        a_t = alpha * min(t / T, 1.0)
+        m1.mul_(b1).add_(g, alpha=1 - b1)
+        m2.mul_(beta3_at(t)).add_(g, alpha=1 - beta3_at(t))
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (v / (1 - b2**t)).sqrt() + eps
+        p.add_(-lr * ((m1 / (1 - b1**t) + a_t * m2) / denom + wd * p))
+
+    _reference_run(update, ref, 10, grad_stream())
+    for a, b in zip(ps, ref, strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-12, atol=1e-12)
+
+
+def test_mars_matches_reference_code_formulas():
+    lr, (b1, b2), gamma, eps, wd, f1d, (a1, a2) = (
+        3e-3,
+        (0.95, 0.99),
+        0.025,
+        1e-8,
+        0.1,
+        0.5,
+        (0.8, 0.999),
+    )
+    ps = make_params()
+    opt = so.MARS(
+        ps,
+        lr=lr,
+        betas=(b1, b2),
+        gamma=gamma,
+        eps=eps,
+        weight_decay=wd,
+        lr_1d_factor=f1d,
+        betas_1d=(a1, a2),
+        clip_c=None,
+    )
+    run(opt, ps, 10, grad_stream())
+    ref = [p.detach().clone() for p in make_params()]
+    st = [[torch.zeros_like(p) for _ in range(3)] for p in ref]
+
+    def update(i, p, g, t):
+        m, v, last = st[i]
+        if p.dim() >= 2:
+            c = g + gamma * b1 / (1 - b1) * (g - last)
+            if c.norm() > 1:
+                c = c / c.norm()
+            m.mul_(b1).add_(c, alpha=1 - b1)
+            v.mul_(b2).addcmul_(c, c, value=1 - b2)
+            denom = (v.sqrt() / math.sqrt(1 - b2**t) + eps) * (1 - b1**t)
+            p.add_(-lr * (wd * p + m / denom))
+            last.copy_(g)
+        else:
+            m.mul_(a1).add_(g, alpha=1 - a1)
+            v.mul_(a2).addcmul_(g, g, value=1 - a2)
+            denom = (v.sqrt() / math.sqrt(1 - a2**t) + eps) * (1 - a1**t)
+            p.add_(-lr * f1d * (wd * p + m / denom))
+
+    _reference_run(update, ref, 10, grad_stream())
+    for a, b in zip(ps, ref, strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-12, atol=1e-12)
+    assert "last_grad" not in opt.state[ps[3]]  # gradient history only for matrices
+
+
+def test_sgdm_polyak_momentum_starts_from_first_gradient():
+    lr, beta, wd = 0.1, 0.3, 0.05
+    ps = make_params()
+    opt = so.SGDM(ps, lr=lr, beta=beta, weight_decay=wd, clip_c=None)
+    run(opt, ps, 6, grad_stream())
+    ref = [p.detach().clone() for p in make_params()]
+    bufs = [None] * len(ref)
+
+    def update(i, p, g, t):
+        bufs[i] = g.clone() if t == 1 else (1 - beta) * bufs[i] + beta * g
+        p.mul_(1 - lr * wd).add_(bufs[i], alpha=-lr)
+
+    _reference_run(update, ref, 6, grad_stream())
+    for a, b in zip(ps, ref, strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("post", ["clip", "hard_clip", "orth"])
+def test_adamw_post_operator_matches_float64_svd_reference(post):
+    lr, wd, c = 1e-2, 0.1, 0.3
+    ps = make_params()
+    opt = so.AdamW(ps, lr=lr, weight_decay=wd, clip_c=c, post=post, clip_schedule="constant")
+    run(opt, ps, 5, grad_stream())
+    ref = [p.detach().clone() for p in make_params()]
+    st = [[torch.zeros_like(p), torch.zeros_like(p)] for p in ref]
+    ops = {
+        "clip": lambda X: soft_ref(X, c),
+        "hard_clip": lambda X: svd_map(X, lambda s: s.clamp(max=c)),
+        "orth": lambda X: svd_map(X, torch.ones_like),
+    }
+
+    def update(i, p, g, t):
+        m, v = st[i]
+        m.mul_(0.9).add_(g, alpha=0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        U = (m / 0.1 / (1 - 0.9**t)) * 0.1 / ((v / (1 - 0.999**t)).sqrt() + 1e-8)
+        p.mul_(1 - lr * wd)
+        if p.dim() >= 2:
+            M = U.reshape(p.shape[0], -1)
+            alpha = max(1.0, math.sqrt(M.shape[0] / M.shape[1]))
+            p.add_(ops[post](M).reshape(p.shape), alpha=-alpha * lr)
+        else:
+            p.add_(U, alpha=-lr)
+
+    _reference_run(update, ref, 5, grad_stream())
+    for a, b in zip(ps, ref, strict=True):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-10, atol=1e-10)
+
+
+def test_tensor_with_more_than_two_dims_is_clipped_as_d0_by_rest_matrix():
+    lr, c = 0.5, 0.2
+    p = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
+    x0 = p.detach().clone()
+    g = torch.randn(4, 3, 2, 2, dtype=torch.float64)
+    opt = so.SGDM([p], lr=lr, beta=1.0, weight_decay=0.0, clip_c=c, clip_schedule="constant")
+    p.grad = g
+    opt.step()
+    expected = x0 - lr * soft_ref(g.reshape(4, 12), c).reshape(4, 3, 2, 2)
+    torch.testing.assert_close(p.detach(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_clip_params_all_applies_the_vector_rule_to_1d_params():
+    lr, c = 0.5, 0.7
+    p = torch.randn(10, dtype=torch.float64, requires_grad=True)
+    x0 = p.detach().clone()
+    g = 3 * torch.randn(10, dtype=torch.float64)
+    opt = so.SGDM(
+        [p],
+        lr=lr,
+        beta=1.0,
+        weight_decay=0.0,
+        clip_c=c,
+        clip_params="all",
+        clip_schedule="constant",
+    )
+    p.grad = g
+    opt.step()
+    r = g.norm()
+    expected = x0 - lr * g * (1 / torch.sqrt(1 + (r / c) ** 2))
+    torch.testing.assert_close(p.detach(), expected, rtol=1e-12, atol=1e-12)
+    # With the default "matrices", a 1-D parameter takes the plain base step.
+    q = x0.clone().requires_grad_()
+    opt2 = so.SGDM([q], lr=lr, beta=1.0, weight_decay=0.0, clip_c=c)
+    q.grad = g
+    opt2.step()
+    torch.testing.assert_close(q.detach(), x0 - lr * g, rtol=1e-14, atol=1e-14)
+
+
+def test_same_shaped_matrices_are_clipped_in_one_batched_call(monkeypatch):
+    calls = []
+    real = spectra_base.soft_clip
+
+    def counting(X, c, **kw):
+        calls.append(tuple(X.shape))
+        return real(X, c, **kw)
+
+    ps = make_params(shapes=[(8, 6)] * 3 + [(6, 8), (7,)])
+    opt = so.AdamW(ps, clip_c=0.1, chunk_size=10_000)
+    monkeypatch.setattr(spectra_base, "soft_clip", counting)
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert sorted(calls) == [(1, 6, 8), (3, 8, 6)]
+
+
+def test_chunking_does_not_change_the_result():
+    results = []
+    for chunk in (1, 50, None):
+        ps = make_params()
+        opt = so.AdEMAMix(ps, lr=1e-2, chunk_size=chunk, **SPECTRA_KW)
+        run(opt, ps, 4, grad_stream())
+        results.append([p.detach().clone() for p in ps])
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+
+
+# --------------------------------------------------------------------------- generic properties
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_state_dict_round_trip_gives_bit_identical_continuation(name):
+    make = FACTORIES[name]
+    ps = make_params()
+    opt = make(ps, **SPECTRA_KW)
+    grads = grad_stream()
+    run(opt, ps, 3, grads)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    snapshot = [p.detach().clone() for p in ps]
+    future = [next(grads) for _ in range(3)]
+    run(opt, ps, 3, iter(future))
+
+    ps2 = [s.clone().requires_grad_() for s in snapshot]
+    opt2 = make(ps2, **SPECTRA_KW)
+    buf.seek(0)
+    opt2.load_state_dict(torch.load(buf, weights_only=True))
+    run(opt2, ps2, 3, iter(future))
+    for a, b in zip(ps, ps2, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_param_groups_carry_their_own_lr_weight_decay_and_clip_settings(name):
+    make = FACTORIES[name]
+    ps = make_params()
+    own = [
+        {"params": ps[:2], "lr": 3e-2, "weight_decay": 0.0, "clip_c": 0.2},
+        {"params": ps[2:], "weight_decay": 0.3, "clip_c": None, "pre_clip_c": 1.0},
+    ]
+    opt = make(own)
+    run(opt, ps, 3, grad_stream())
+    # The same thing as two separate optimizers, one per group.
+    qs = make_params()
+    opt_a = make([{"params": qs[:2], "lr": 3e-2, "weight_decay": 0.0, "clip_c": 0.2}])
+    opt_b = make([{"params": qs[2:], "weight_decay": 0.3, "clip_c": None, "pre_clip_c": 1.0}])
+    grads = grad_stream()
+    for _ in range(3):
+        for q, g in zip(qs, next(grads), strict=True):
+            q.grad = g.clone()
+        opt_a.step()
+        opt_b.step()
+    for a, b in zip(ps, qs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
+    # And the groups really differ from the defaults.
+    rs = make_params()
+    run(make(rs), rs, 3, grad_stream())
+    assert not torch.allclose(ps[0], rs[0])
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_param_without_grad_is_untouched_and_has_no_state(name):
+    ps = make_params()
+    frozen = ps[1].detach().clone()
+    opt = FACTORIES[name](ps, **SPECTRA_KW)
+    for _ in range(2):
+        for i, p in enumerate(ps):
+            p.grad = None if i == 1 else torch.randn_like(p)
+        opt.step()
+    assert torch.equal(ps[1], frozen)
+    assert len(opt.state[ps[1]]) == 0
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_zero_grad_without_weight_decay_is_a_no_op(name):
+    ps = make_params()
+    start = [p.detach().clone() for p in ps]
+    opt = FACTORIES[name]([{"params": ps, "weight_decay": 0.0}], **SPECTRA_KW)
+    for _ in range(3):
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+    for a, b in zip(ps, start, strict=True):
+        assert torch.equal(a.detach(), b)
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_float32_agrees_with_float64(name):
+    p64 = make_params(torch.float64)
+    p32 = make_params(torch.float32)
+    run(FACTORIES[name](p64, **SPECTRA_KW), p64, 5, grad_stream())
+    run(FACTORIES[name](p32, **SPECTRA_KW), p32, 5, grad_stream())
+    for a, b in zip(p64, p32, strict=True):
+        # Signum's sign() can flip on entries that are ~0; everything else agrees closely.
+        tol = 2e-2 if name == "Signum" else 1e-4
+        torch.testing.assert_close(b.double(), a, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_closure_is_evaluated_once_and_its_loss_returned(name):
+    ps = make_params()
+    target = [torch.randn_like(p) for p in ps]
+    opt = FACTORIES[name](ps, **SPECTRA_KW)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = sum(((p - t) ** 2).sum() for p, t in zip(ps, target, strict=True))
+        loss.backward()
+        return loss
+
+    losses = [float(opt.step(closure).detach()) for _ in range(5)]
+    assert len(calls) == 5
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_nonfinite_gradient_raises_and_changes_nothing(name):
+    ps = make_params()
+    opt = FACTORIES[name](ps, **SPECTRA_KW)
+    run(opt, ps, 1, grad_stream())
+    before = [p.detach().clone() for p in ps]
+    state_before = copy.deepcopy(opt.state_dict())
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    ps[2].grad[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="inf or nan"):
+        opt.step()
+    for a, b in zip(ps, before, strict=True):
+        assert torch.equal(a, b)
+    assert str(opt.state_dict()["state"]) == str(state_before["state"])
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_nonfinite_gradient_is_skipped_when_asked(name):
+    ps = make_params()
+    opt = FACTORIES[name](ps, nonfinite="skip", **SPECTRA_KW)
+    before = [p.detach().clone() for p in ps]
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    ps[0].grad[1, 1] = float("inf")
+    with pytest.warns(RuntimeWarning, match="skipped"):
+        opt.step()
+    assert opt.num_skipped_steps == 1
+    for a, b in zip(ps, before, strict=True):
+        assert torch.equal(a, b)
+    ps[0].grad[1, 1] = 0.0
+    opt.step()
+    assert not torch.equal(ps[0], before[0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"lr": -0.5}, "-0.5"),
+        ({"weight_decay": -1.0}, "-1.0"),
+        ({"betas": (1.5, 0.9)}, "1.5"),
+        ({"eps": float("nan")}, "nan"),
+        ({"clip_c": -3.0}, "-3.0"),
+        ({"clip_c": 0.0}, "clip_c"),
+        ({"clip_scale": "big"}, "big"),
+        ({"clip_method": "magic"}, "magic"),
+        ({"clip_schedule": "exponential"}, "exponential"),
+        ({"clip_schedule": "cosine"}, "total_steps"),
+        ({"clip_params": "vectors"}, "vectors"),
+        ({"post": "lmo"}, "lmo"),
+        ({"pre_clip_c": -2.0}, "-2.0"),
+        ({"warmup_steps": -4}, "-4"),
+        ({"nonfinite": "ignore"}, "ignore"),
+        ({"chunk_size": 0}, "chunk_size"),
+        ({"bogus_setting": 1}, "bogus_setting"),
+    ],
+)
+def test_invalid_hyperparameters_raise_value_error_naming_the_value(kwargs, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        so.AdamW(make_params(), **kwargs)
+
+
+def test_invalid_base_specific_hyperparameters_raise():
+    with pytest.raises(ValueError, match=re.escape("1.2")):
+        so.Signum(make_params(), momentum=1.2)
+    with pytest.raises(ValueError, match="beta"):
+        so.SGDM(make_params(), beta=0.0)
+    with pytest.raises(ValueError, match="triple"):
+        so.AdEMAMix(make_params(), betas=(0.9, 0.99))
+    with pytest.raises(ValueError, match=re.escape("-0.1")):
+        so.MARS(make_params(), gamma=-0.1)
+    with pytest.raises(ValueError, match="-7"):
+        so.AdamW([{"params": make_params(), "clip_c": -7.0}])
+    with pytest.raises(ValueError, match="hard_clip"):
+        so.AdamW(make_params(), post="hard_clip", clip_method="paper")
