@@ -2,6 +2,11 @@
 
 Implements the operators and optimizers of "Enhancing LLM Training via Spectral
 Clipping" (SPECTRA). Depends on torch alone.
+
+Operators (``spectra.ops``) are pure functions over the last two dimensions of a
+tensor. Optimizers (``spectra.optim``) compute a base direction U, optionally clip
+it spectrally, then apply decoupled weight decay and the learning rate:
+``X ← (1 − λη) X − αη · clip_c(U)``.
 """
 
 from spectra.ops import (
@@ -12,14 +17,36 @@ from spectra.ops import (
     soft_clip,
     spectral_lmo,
 )
+from spectra.optim import (
+    MARS,
+    SGDM,
+    AdamW,
+    AdEMAMix,
+    ClipSchedule,
+    Signum,
+    Spectra,
+    SpectraOptimizer,
+    cosine_schedule,
+    wsd_schedule,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MARS",
+    "SGDM",
+    "AdEMAMix",
+    "AdamW",
+    "ClipSchedule",
+    "Signum",
+    "Spectra",
+    "SpectraOptimizer",
     "coordinate_clip",
+    "cosine_schedule",
     "global_clip",
     "hard_clip",
     "orthogonalize",
     "soft_clip",
     "spectral_lmo",
+    "wsd_schedule",
 ]
