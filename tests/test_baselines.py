@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from spectra.optim import SOAP, DMuon, dmuon_param_groups
+from spectra.optim.soap import kronecker_factor, rotate, rotate_back
 
 # --------------------------------------------------------------------------- helpers
 
@@ -229,6 +230,17 @@ def test_soap_matches_float64_reference(shape, max_dim):
     np.testing.assert_allclose(p.detach().numpy(), ref, rtol=1e-9, atol=1e-11)
 
 
+def test_soap_rotation_of_a_3d_tensor_is_the_mode_products():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64)
+    Q0 = torch.linalg.qr(torch.randn(3, 3, generator=gen, dtype=torch.float64))[0]
+    Q2 = torch.linalg.qr(torch.randn(5, 5, generator=gen, dtype=torch.float64))[0]
+    rotated = rotate(x, [Q0, None, Q2])
+    torch.testing.assert_close(rotated, torch.einsum("abc,ai,ck->ibk", x, Q0, Q2))
+    torch.testing.assert_close(rotate_back(rotated, [Q0, None, Q2]), x)
+    torch.testing.assert_close(kronecker_factor(x, 1), torch.einsum("abc,adc->bd", x, x))
+
+
 def test_soap_on_vectors_is_adam():
     # 1-D parameters are not rotated: Adam with ε added to √V before bias correction,
     # which is torch's AdamW with ε/√(1 − β₂ᵗ); with ε = 0 the two coincide.
@@ -426,14 +438,12 @@ def memory_table(shapes=None):
     params = [torch.zeros(s, requires_grad=True) for s in shapes]
     for p in params:
         p.grad = torch.zeros_like(p)
-    M = sum(p.numel() for p in params)
-    muon_M = sum(p.numel() for p in params if p.dim() == 2 and max(p.shape) < 10000)
-    precond = sum(2 * d * d for p in params if p.dim() > 1 for d in p.shape if d <= 10000)
+    M, factor = state_factors(shapes)
     rows = []
     for name, opt, buffers, formula in [
-        ("AdamW (torch)", torch.optim.AdamW(params), "m, v", 2 * M),
-        ("D-Muon", DMuon(params), "m (Muon), m, v (AdamW)", muon_M + 2 * (M - muon_M)),
-        ("SOAP", SOAP(params), "m, v, GG, Q", 2 * M + precond),
+        ("AdamW (torch)", torch.optim.AdamW(params), "m, v", factor["AdamW"] * M),
+        ("D-Muon", DMuon(params), "m (Muon), m, v (AdamW)", factor["D-Muon"] * M),
+        ("SOAP", SOAP(params), "m, v, GG, Q", factor["SOAP"] * M),
     ]:
         opt.step()
         measured = sum(_tensor_bytes(s) for s in opt.state.values())
@@ -446,10 +456,19 @@ def memory_table(shapes=None):
 def test_measured_state_memory_matches_the_papers_formulas():
     shapes = _llama_like(d=32, layers=2, ffn=64, vocab=10001)
     for _name, _buffers, measured, step_bytes, formula, _M in memory_table(shapes):
-        assert measured - step_bytes == 4 * formula
+        assert measured - step_bytes == pytest.approx(4 * formula, rel=1e-12)
+
+
+def state_factors(shapes, max_dim=10000):
+    """State numbers / parameter numbers of AdamW, D-Muon and SOAP by the closed forms."""
+    M = sum(math.prod(s) for s in shapes)
+    muon = sum(math.prod(s) for s in shapes if len(s) == 2 and max(s) < max_dim)
+    precond = sum(2 * d * d for s in shapes if len(s) > 1 for d in s if d <= max_dim)
+    return M, {"AdamW": 2.0, "D-Muon": (2 * M - muon) / M, "SOAP": (2 * M + precond) / M}
 
 
 def main() -> None:
+    print("Measured, Llama-like d=256, 4 layers, SwiGLU 688, vocab 32000, untied, float32:")
     print("| optimizer | state buffers | state / param bytes | paper's formula |")
     print("|---|---|---|---|")
     for name, buffers, measured, step_bytes, formula, M in memory_table():
@@ -459,7 +478,19 @@ def main() -> None:
     shapes = _llama_like()
     M = sum(math.prod(s) for s in shapes)
     hidden = sum(math.prod(s) for s in shapes if len(s) == 2 and max(s) < 10000)
-    print(f"\nM = {M:,} parameters; Muon matrices {hidden:,}; AdamW-side {M - hidden:,}")
+    print(f"M = {M:,} parameters; Muon matrices {hidden:,}; AdamW-side {M - hidden:,}")
+
+    print("\nClosed form at the paper's scales (vocab 50304, untied, SwiGLU width")
+    print("256·ceil(8d/3/256)):")
+    print("| model | d | layers | M | AdamW | D-Muon | SOAP |")
+    print("|---|---|---|---|---|---|---|")
+    for label, d, layers in [("160M", 768, 12), ("780M", 1280, 32), ("820M", 2048, 12)]:
+        ffn = 256 * math.ceil(8 * d / 3 / 256)
+        M, f = state_factors(_llama_like(d=d, layers=layers, ffn=ffn, vocab=50304))
+        print(
+            f"| {label} | {d} | {layers} | {M / 1e6:.1f}M | {f['AdamW']:.3f} "
+            f"| {f['D-Muon']:.3f} | {f['SOAP']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

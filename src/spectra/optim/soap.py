@@ -99,11 +99,10 @@ def _power_iteration(
         if Q is None:
             new_bases.append(None)
             continue
-        L = L.to(Q.dtype)
-        estimated = ((L @ Q) * Q).sum(dim=0)
-        order = torch.argsort(estimated, descending=True)
+        LQ = L.to(Q.dtype) @ Q
+        order = torch.argsort((LQ * Q).sum(dim=0), descending=True)
         exp_avg_sq = exp_avg_sq.index_select(dim, order)
-        Q_new, _ = torch.linalg.qr(L @ Q[:, order])
+        Q_new, _ = torch.linalg.qr(LQ[:, order])
         new_bases.append(Q_new)
     return new_bases, exp_avg_sq
 
