@@ -1,7 +1,7 @@
 """SOAP: Adam in the eigenbasis of Shampoo's preconditioner.
 
-Following "SOAP: Improving and Stabilizing Shampoo using Adam" (Vyas et al., 2024),
-Algorithm 3. For a parameter ``W`` with gradient ``G`` and, for each dimension ``i``
+Following "SOAP: Improving and Stabilizing Shampoo using Adam" (Vyas et al., 2024).
+For a parameter ``W`` with gradient ``G`` and, for each dimension ``i``
 with ``dᵢ ≤ max_precond_dim``, a Kronecker factor ``Lᵢ`` (``L = GGᵀ`` and ``R = GᵀG``
 for a matrix) with eigenbasis ``Qᵢ``::
 
