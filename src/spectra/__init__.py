@@ -20,9 +20,11 @@ from spectra.ops import (
 from spectra.optim import (
     MARS,
     SGDM,
+    SOAP,
     AdamW,
     AdEMAMix,
     ClipSchedule,
+    DMuon,
     Signum,
     Spectra,
     SpectraOptimizer,
@@ -35,9 +37,11 @@ __version__ = "0.1.0"
 __all__ = [
     "MARS",
     "SGDM",
+    "SOAP",
     "AdEMAMix",
     "AdamW",
     "ClipSchedule",
+    "DMuon",
     "Signum",
     "Spectra",
     "SpectraOptimizer",

@@ -1,0 +1,296 @@
+"""D-Muon: Muon on hidden weight matrices, AdamW on everything else.
+
+The D-Muon baseline of "Enhancing LLM Training via Spectral Clipping" is the Muon
+variant of "Muon is Scalable for LLM Training" (Liu et al., 2025): Muon's
+orthogonalized momentum with decoupled weight decay, its step rescaled so that the
+update RMS matches AdamW's, and AdamW for the embeddings, the output head and every
+1-D parameter. Both parts share one learning rate and one weight decay.
+
+Muon part, for a matrix ``W ∈ ℝ^{m×n}`` with gradient ``G`` (the arithmetic of
+``torch.optim.Muon(..., adjust_lr_fn="match_rms_adamw")``)::
+
+    B ← μ·B + (1 − μ)·G                     momentum (an EMA)
+    U ← (1 − μ)·G + μ·B  (Nesterov)  or  B
+    O ← NS₅(U)                               quintic Newton–Schulz in bfloat16 ≈ orth(U)
+    W ← (1 − η·λ)·W − η · 0.2·√max(m, n) · O
+
+AdamW part: exactly ``torch.optim.AdamW`` with ``betas=adamw_betas`` and
+``eps=adamw_eps`` (its single-tensor arithmetic).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from numbers import Real
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from spectra.ops import newton_schulz_quintic
+from spectra.ops.spectral import MUON_NS_COEFFS
+
+# Dimensions at or above this go to AdamW under the default rule: the embedding and the
+# output head of a language model (footnote to the memory table of the SPECTRA paper:
+# Muon for 2-D matrices with fewer than 10000 rows, AdamW for the rest).
+MUON_MAX_DIM = 10000
+
+# Update scale that gives an orthogonalized m×n update the RMS of a typical AdamW
+# update: RMS(O) ≈ 1/√max(m, n), times 0.2√max(m, n) gives 0.2 ("Muon is Scalable for
+# LLM Training", Sec. 2.2).
+RMS_MATCH = 0.2
+
+# Names (components of a parameter's qualified name) that mark embeddings and output
+# heads for :func:`dmuon_param_groups`.
+DEFAULT_ADAMW_NAMES = (
+    "embed",
+    "embedding",
+    "embeddings",
+    "embed_tokens",
+    "tok_embeddings",
+    "wte",
+    "wpe",
+    "lm_head",
+    "head",
+    "output",
+)
+
+
+def default_use_muon(p: Tensor) -> bool:
+    """The default split: Muon for a 2-D parameter whose two dimensions are both < 10000."""
+    return p.dim() == 2 and max(p.shape) < MUON_MAX_DIM
+
+
+def dmuon_param_groups(
+    model: nn.Module,
+    adamw_names: Iterable[str] = DEFAULT_ADAMW_NAMES,
+    **group_options: Any,
+) -> list[dict[str, Any]]:
+    """Split a model's trainable parameters into a Muon group and an AdamW group.
+
+    A parameter goes to AdamW when it is not 2-D, when it belongs to an
+    ``nn.Embedding``, or when a dot-separated component of its qualified name is one of
+    ``adamw_names`` (e.g. ``lm_head.weight``); every other parameter goes to Muon.
+    Tied weights appear once, under their first name. ``group_options`` (e.g. ``lr``)
+    are copied into both groups; empty groups are left out.
+    """
+    names = set(adamw_names)
+    embedding_params = {
+        id(p) for mod in model.modules() if isinstance(mod, nn.Embedding) for p in mod.parameters()
+    }
+    muon, adamw = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        to_adamw = (
+            p.dim() != 2 or id(p) in embedding_params or any(c in names for c in name.split("."))
+        )
+        (adamw if to_adamw else muon).append(p)
+    groups = []
+    if muon:
+        groups.append({"params": muon, "use_muon": True, **group_options})
+    if adamw:
+        groups.append({"params": adamw, "use_muon": False, **group_options})
+    return groups
+
+
+def muon_update(
+    param: Tensor,
+    grad: Tensor,
+    momentum_buffer: Tensor,
+    *,
+    lr: float,
+    weight_decay: float,
+    momentum: float,
+    nesterov: bool,
+    ns_steps: int,
+) -> None:
+    """One Muon step on ``param`` in place (see the module docstring for the math).
+
+    Tensors with more than two dimensions are treated as the matrix
+    ``(shape[0], prod(shape[1:]))``.
+    """
+    momentum_buffer.lerp_(grad, 1 - momentum)
+    update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
+    matrix = update.reshape(update.shape[0], -1)
+    ortho = newton_schulz_quintic(matrix, steps=ns_steps, coeffs=MUON_NS_COEFFS)
+    scale = RMS_MATCH * math.sqrt(max(matrix.shape))
+    param.mul_(1 - lr * weight_decay)
+    param.add_(ortho.view_as(param), alpha=-lr * scale)
+
+
+def adamw_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: int,
+    *,
+    lr: float,
+    weight_decay: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    r"""One AdamW step (``step`` counts from 1), in ``torch.optim.AdamW``'s arithmetic.
+
+    ``W ← (1 − ηλ)W − η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)``.
+    """
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    step_size = lr / (1 - beta1**step)
+    denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def _check_number(name: str, value: Any, low: float, high: float | None = None) -> None:
+    """Require ``low <= value`` (and ``value < high`` when given), naming the bad value."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    if value < low or (high is not None and value >= high):
+        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+class DMuon(Optimizer):
+    r"""D-Muon: Muon (Nesterov momentum, bf16 Newton–Schulz, AdamW-matched RMS) + AdamW.
+
+    Which parameters Muon handles is set per param group by the key ``use_muon``:
+    ``True`` (Muon; the parameter must have at least 2 dimensions), ``False`` (AdamW),
+    or ``None``/absent, where each parameter follows :func:`default_use_muon` — 2-D with
+    both dimensions below 10000 → Muon, anything else → AdamW. A language model whose
+    vocabulary is below 10000 needs explicit groups; :func:`dmuon_param_groups` builds
+    them from module types and names.
+
+    On Muon parameters the step equals ``torch.optim.Muon(params, lr, weight_decay,
+    momentum, nesterov, ns_steps=ns_steps, adjust_lr_fn="match_rms_adamw")`` up to
+    bfloat16 rounding in the Newton–Schulz iteration; on AdamW parameters it equals
+    ``torch.optim.AdamW(params, lr, betas=adamw_betas, eps=adamw_eps,
+    weight_decay=weight_decay)``.
+
+    Args:
+        params: parameters or param groups.
+        lr: learning rate η, shared by both parts (default 1e-3, the paper's tuned value).
+        momentum: Muon momentum μ in [0, 1) (default 0.95).
+        nesterov: Nesterov momentum for Muon (default True).
+        weight_decay: decoupled weight decay λ for both parts (default 0.1).
+        ns_steps: Newton–Schulz steps (default 5).
+        adamw_betas: AdamW (β₁, β₂) (default (0.8, 0.999), the paper's 160M setting;
+            it uses (0.9, 0.99) at 780M/820M).
+        adamw_eps: AdamW ε (default 1e-8).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        weight_decay: float = 0.1,
+        ns_steps: int = 5,
+        adamw_betas: tuple[float, float] = (0.8, 0.999),
+        adamw_eps: float = 1e-8,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "weight_decay": weight_decay,
+            "ns_steps": ns_steps,
+            "adamw_betas": adamw_betas,
+            "adamw_eps": adamw_eps,
+            "use_muon": None,
+        }
+        self._validate(defaults)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _validate(group: dict[str, Any]) -> None:
+        _check_number("lr", group["lr"], 0.0)
+        _check_number("momentum", group["momentum"], 0.0, 1.0)
+        _check_number("weight_decay", group["weight_decay"], 0.0)
+        _check_number("adamw_eps", group["adamw_eps"], 0.0)
+        ns_steps = group["ns_steps"]
+        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+            raise ValueError(f"ns_steps must be an integer >= 1, got {ns_steps!r}")
+        betas = group["adamw_betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"adamw_betas must be a pair of numbers, got {betas!r}")
+        _check_number("adamw_betas[0]", betas[0], 0.0, 1.0)
+        _check_number("adamw_betas[1]", betas[1], 0.0, 1.0)
+        if not isinstance(group["nesterov"], bool):
+            raise ValueError(f"nesterov must be a bool, got {group['nesterov']!r}")
+        if group["use_muon"] not in (None, True, False):
+            raise ValueError(f"use_muon must be True, False or None, got {group['use_muon']!r}")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            self._validate(group)
+            if group["use_muon"]:
+                for p in group["params"]:
+                    if p.dim() < 2:
+                        raise ValueError(
+                            f"use_muon=True needs parameters with >= 2 dimensions, got a "
+                            f"parameter of shape {tuple(p.shape)}"
+                        )
+        except ValueError:
+            self.param_groups.pop()
+            raise
+
+    @staticmethod
+    def _uses_muon(group: dict[str, Any], p: Tensor) -> bool:
+        use = group["use_muon"]
+        return default_use_muon(p) if use is None else use
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Take one optimization step; ``closure`` re-evaluates the loss (with gradients)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["adamw_betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("DMuon does not support sparse gradients")
+                state = self.state[p]
+                if self._uses_muon(group, p):
+                    if not state:
+                        state["momentum_buffer"] = torch.zeros_like(p)
+                    muon_update(
+                        p,
+                        p.grad,
+                        state["momentum_buffer"],
+                        lr=group["lr"],
+                        weight_decay=group["weight_decay"],
+                        momentum=group["momentum"],
+                        nesterov=group["nesterov"],
+                        ns_steps=group["ns_steps"],
+                    )
+                else:
+                    if not state:
+                        state["step"] = 0
+                        state["exp_avg"] = torch.zeros_like(p)
+                        state["exp_avg_sq"] = torch.zeros_like(p)
+                    state["step"] += 1
+                    adamw_update(
+                        p,
+                        p.grad,
+                        state["exp_avg"],
+                        state["exp_avg_sq"],
+                        state["step"],
+                        lr=group["lr"],
+                        weight_decay=group["weight_decay"],
+                        beta1=beta1,
+                        beta2=beta2,
+                        eps=group["adamw_eps"],
+                    )
+        return loss
