@@ -27,7 +27,7 @@ RESIDUAL_FLOOR = 1e-16  # residuals at or below float64 round-off are drawn here
 
 def save_figure(fig: plt.Figure, path: str | os.PathLike, dpi: int = 90) -> Path:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return write_bytes_atomic(path, buf.getvalue())
 
