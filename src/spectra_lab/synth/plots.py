@@ -56,7 +56,11 @@ def fw_figure(res: FWResults, mode: str, radius: float) -> plt.Figure:
         ax.grid(alpha=0.3)
     axes[2].legend(fontsize=8)
     axes[0].legend(fontsize=8)
-    how = "full batch" if mode == "full" else "batch 20, β_k = (k+1)^(-2/3)"
+    if mode == "full":
+        how = "full batch"
+    else:
+        runs = max(h.objective.shape[0] for (m, _, _), h in res.histories.items() if m == mode)
+        how = f"batch {res.config.batch_size}, β_k = (k+1)^(-2/3), mean of {runs} runs"
     fig.suptitle(f"Post-spectral clipping with the Theorem's parameters, D₂ = {radius:g} ({how})")
     fig.tight_layout()
     return fig
