@@ -16,6 +16,7 @@ from scipy.optimize import minimize
 
 from spectra.ops import global_clip, hard_clip
 from spectra_lab.cli import main
+from spectra_lab.synth.files import torch_threads
 from spectra_lab.synth.frank_wolfe import (
     composite_objective,
     composite_step,
@@ -27,7 +28,6 @@ from spectra_lab.synth.frank_wolfe import (
     solve_constrained,
     theorem_parameters,
 )
-from spectra_lab.synth.io import torch_threads
 from spectra_lab.synth.problem import LogisticProblem, make_logistic_data
 from spectra_lab.synth.spikes import SpikeRuns, run_spike_method, spike_noise, stiefel_polar
 

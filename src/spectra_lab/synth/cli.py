@@ -26,7 +26,7 @@ from spectra_lab.synth.experiments import (
     spike_curve_rows,
     spike_grid_rows,
 )
-from spectra_lab.synth.io import torch_threads, write_csv_atomic, write_json_atomic
+from spectra_lab.synth.files import torch_threads, write_csv_atomic, write_json_atomic
 
 EXPERIMENTS = {
     "fw": "constrained optimization with weight regularization (composite Frank–Wolfe)",

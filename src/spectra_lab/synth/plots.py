@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from spectra_lab.synth.experiments import FWResults, SpikeResults
-from spectra_lab.synth.io import write_bytes_atomic
+from spectra_lab.synth.files import write_bytes_atomic
 
 METHOD_LABELS = {
     "sgd": "SGD",
