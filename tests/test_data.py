@@ -355,7 +355,7 @@ def test_val_document_rule():
         for n in (1, 7, 100, 999):
             assert sum(1 for i in picks if i < n) == math.ceil(n * f - 1e-9)
     with pytest.raises(ValueError, match="val_fraction"):
-        list(label_documents(["a"], 1.5))
+        label_documents(["a"], 1.5)
 
 
 def test_prepare_documents_from_an_iterable_with_budget(tmp_path):

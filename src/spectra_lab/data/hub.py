@@ -51,8 +51,10 @@ def label_documents(texts: Iterable[str], val_fraction: float) -> Iterator[tuple
     """``(split, text)`` for each document, by :func:`is_val_document`."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    for i, text in enumerate(texts):
-        yield ("val" if is_val_document(i, val_fraction) else "train"), text
+    return (
+        ("val" if is_val_document(i, val_fraction) else "train", text)
+        for i, text in enumerate(texts)
+    )
 
 
 def iter_hub_texts(
@@ -131,8 +133,8 @@ def prepare_documents(
     """
     if token_budget is not None and token_budget < 1:
         raise ValueError(f"token_budget must be positive, got {token_budget}")
-    out_dir = begin_dataset(out_dir)
     labeled = label_documents(texts, val_fraction)
+    out_dir = begin_dataset(out_dir)
     corpus_texts = None
     if tokenizer == "bpe":
         limit = bpe_train_chars if token_budget is None else min(bpe_train_chars, 5 * token_budget)
