@@ -457,10 +457,25 @@ def test_hub_dataset_streams_through_datasets(tmp_path, monkeypatch):
     assert calls[-1] == ("cerebras/SlimPajama-627B", None, "train", True)
 
 
+def test_hub_network_failure_is_a_data_error(monkeypatch):
+    module = types.ModuleType("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub")
+
+    module.load_dataset = offline
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    with pytest.raises(DataError, match=r"could not stream .*check the network"):
+        iter_hub_texts("HuggingFaceFW/fineweb-edu", "sample-10BT")
+    module.load_dataset = lambda *a, **k: iter([{"body": "no text"}])
+    with pytest.raises(DataError, match="without a 'text' field"):
+        list(iter_hub_texts("x/y"))
+
+
 def test_hub_without_datasets_package_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
     with pytest.raises(DataError, match=r"pip install 'spectra-optim\[hub\]'"):
-        next(iter_hub_texts("HuggingFaceFW/fineweb-edu"))
+        iter_hub_texts("HuggingFaceFW/fineweb-edu")
 
 
 def test_prepare_rejects_bad_arguments(tmp_path):

@@ -60,24 +60,40 @@ def label_documents(texts: Iterable[str], val_fraction: float) -> Iterator[tuple
 def iter_hub_texts(
     path: str, config: str | None = None, split: str = "train", text_field: str = TEXT_FIELD
 ) -> Iterator[str]:
-    """Stream the ``text_field`` of a hub dataset with ``datasets.load_dataset(streaming=True)``."""
+    """Stream the ``text_field`` of a hub dataset with ``datasets.load_dataset(streaming=True)``.
+
+    The package is imported and the stream opened at the call; records are read lazily.
+    """
     try:
         import datasets
     except ImportError as exc:
         raise DataError(
             "hub datasets need the 'datasets' package: pip install 'spectra-optim[hub]'"
         ) from exc
-    try:
-        stream = datasets.load_dataset(path, name=config, split=split, streaming=True)
-        for record in stream:
-            yield record[text_field]
-    except DataError:
-        raise
-    except Exception as exc:  # the hub client raises many types for network trouble
-        raise DataError(
+
+    def unreachable(exc: Exception) -> DataError:
+        return DataError(
             f"could not stream {path} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
             "check the network, or pass --data-dir with an already prepared dataset"
-        ) from exc
+        )
+
+    try:
+        stream = datasets.load_dataset(path, name=config, split=split, streaming=True)
+    except Exception as exc:  # the hub client raises many types for network trouble
+        raise unreachable(exc) from exc
+
+    def records() -> Iterator[str]:
+        try:
+            for record in stream:
+                if text_field not in record:
+                    raise DataError(f"{path} has records without a {text_field!r} field")
+                yield record[text_field]
+        except DataError:
+            raise
+        except Exception as exc:
+            raise unreachable(exc) from exc
+
+    return records()
 
 
 def read_local_texts(paths: Sequence[str | Path], text_field: str = TEXT_FIELD) -> Iterator[str]:
