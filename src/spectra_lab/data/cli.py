@@ -7,8 +7,12 @@ import re
 from pathlib import Path
 
 from spectra_lab.cli import CLIError
+from spectra_lab.data.format import read_meta
+from spectra_lab.data.hub import HUB_DATASETS
+from spectra_lab.data.paths import default_dataset_dir
+from spectra_lab.data.prepare import DATASETS, prepare
+from spectra_lab.data.tokenizers import TOKENIZERS
 
-DATASETS = ("shakespeare", "fineweb-edu", "slimpajama", "text")
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 
 
@@ -32,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tokenizer",
-        choices=("bpe", "gpt2", "bytes"),
+        choices=TOKENIZERS,
         default=None,
         help="bpe: trained on the training split (default for shakespeare/text); "
         "gpt2: tiktoken's GPT-2 BPE (default for hub datasets); bytes: UTF-8 bytes",
@@ -80,11 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spectra_lab.data.format import read_meta
-    from spectra_lab.data.paths import default_dataset_dir
-    from spectra_lab.data.prepare import prepare
-
-    hub = args.dataset in ("fineweb-edu", "slimpajama")
+    hub = args.dataset in HUB_DATASETS
     tokenizer = args.tokenizer or ("gpt2" if hub else "bpe")
     if args.dataset == "text" and not args.input:
         raise CLIError("--dataset text needs --input FILE [FILE ...]")

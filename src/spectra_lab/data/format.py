@@ -69,7 +69,7 @@ def _separator(tokenizer: Tokenizer) -> list[int]:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -104,13 +104,13 @@ def dataset_is_complete(dataset_dir: str | Path, request: dict[str, Any] | None 
 
 
 class TokenFileWriter:
-    """Appends token ids to ``<path>.tmp``; :meth:`commit` moves it to ``path``."""
+    """Appends token ids to ``<path>.<pid>.tmp``; :meth:`commit` moves it to ``path``."""
 
     def __init__(self, path: Path, dtype: np.dtype) -> None:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.tokens = 0
-        self._tmp = self.path.with_name(self.path.name + ".tmp")
+        self._tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         self._file = open(self._tmp, "wb")
 
     def write(self, ids: Sequence[int] | np.ndarray) -> None:

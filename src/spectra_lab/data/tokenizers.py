@@ -107,7 +107,7 @@ class BPETokenizer:
     def save(self, path: str | Path) -> None:
         """Write the tokenizer JSON atomically."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(self._tok.to_str(), encoding="utf-8")
         os.replace(tmp, path)
 

@@ -116,7 +116,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "160m": dict(d_model=768, n_heads=12, n_layers=12, tie_embeddings=False, seq_len=512),
     "780m": dict(d_model=1280, n_heads=20, n_layers=32, tie_embeddings=False, seq_len=1024),
     "820m": dict(d_model=2048, n_heads=16, n_layers=12, tie_embeddings=False, seq_len=1024),
-    # For tests: a few thousand parameters besides the embeddings.
+    # For tests: about 130k parameters besides the embeddings.
     "tiny": dict(d_model=64, n_heads=4, n_layers=2, tie_embeddings=False, seq_len=64),
     # The default CPU run (about 3M parameters with a 4096-token vocabulary): a few hundred
     # steps of batch 16 x 256 tokens take minutes on two cores.
@@ -124,17 +124,24 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def model_config(preset: str, vocab_size: int, seq_len: int | None = None) -> ModelConfig:
+def model_config(
+    preset: str, vocab_size: int, seq_len: int | None = None, *, vocab_multiple: int = 1
+) -> ModelConfig:
     """The :class:`ModelConfig` of a named preset, for a given vocabulary size.
 
-    ``seq_len=None`` keeps the preset's own context length.
+    ``seq_len=None`` keeps the preset's own context length. ``vocab_multiple`` rounds the
+    vocabulary up to a multiple (the paper pads GPT-2's 50,257 tokens to 50,304 = 64·786);
+    the extra rows are never targets, so they only cost memory.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    if vocab_multiple < 1:
+        raise ValueError(f"vocab_multiple must be a positive integer, got {vocab_multiple}")
     kwargs = dict(PRESETS[preset])
     if seq_len is not None:
         kwargs["seq_len"] = seq_len
-    return ModelConfig(vocab_size=vocab_size, **kwargs)
+    padded = vocab_multiple * math.ceil(vocab_size / vocab_multiple)
+    return ModelConfig(vocab_size=padded, **kwargs)
 
 
 # --------------------------------------------------------------------------- layers
