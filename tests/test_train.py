@@ -32,8 +32,8 @@ from spectra_lab.cli import main
 from spectra_lab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from spectra_lab.train.config import ConfigError, TrainConfig, build_config, read_config_file
 from spectra_lab.train.metrics import read_jsonl
-from spectra_lab.train.optimizers import OPTIMIZERS, param_groups
-from spectra_lab.train.trainer import Trainer, clip_threshold, pre_clip_threshold, train
+from spectra_lab.train.optimizers import OPTIMIZERS, param_groups, spectral_groups
+from spectra_lab.train.trainer import Trainer, train
 
 VOCAB = 64
 
@@ -522,19 +522,32 @@ def test_param_groups_decay_and_clip_only_hidden_and_attention_matrices():
     assert [names[id(p)] for p in groups["head"]["params"]] == ["lm_head.weight"]
 
 
-def test_standard_clip_schedule_keeps_update_capacity_constant_in_warmup():
-    cfg = TrainConfig(steps=100, warmup_steps=10)
-    lr, c = 1e-3, 10.0
-    for k, factor in [(0, 0.1), (4, 0.5), (9, 1.0)]:
-        # c_k * eta_k = c * eta during warmup
-        assert clip_threshold(c, k, factor, cfg) * lr * factor == pytest.approx(c * lr)
-    assert clip_threshold(c, 50, 0.3, cfg) == c  # after warmup (e.g. in the decay phase)
-    assert clip_threshold(c, 3, 0.4, dataclasses.replace(cfg, clip_schedule="constant")) == c
-    cos = dataclasses.replace(cfg, pre_clip_c=10.0, pre_clip_schedule="cosine")
-    assert pre_clip_threshold(10.0, 0, cos) == pytest.approx(10.0)
-    assert pre_clip_threshold(10.0, 99, cos) == pytest.approx(0.01)
-    mid = pre_clip_threshold(10.0, 99 / 2, cos)
-    assert mid == pytest.approx((10.0 + 0.01) / 2)
+def test_spectral_groups_carry_the_clip_settings_of_clipped_groups_only():
+    from spectra_lab.model import Llama, model_config
+
+    model = Llama(model_config("tiny", VOCAB, seq_len=32))
+    cfg = TrainConfig(
+        steps=100, warmup_steps=10, clip_c=5.0, pre_clip_c=10.0, pre_clip_schedule="cosine"
+    )
+    groups = param_groups(model, cfg)
+    for g in spectral_groups(groups, cfg):
+        if g["group"] in ("hidden", "attn"):
+            assert (g["clip_c"], g["clip_scale"], g["clip_schedule"]) == (5.0, "auto", "standard")
+            assert g["warmup_steps"] == 10  # the "standard" schedule needs K_warmup
+            assert g["pre_clip_c"] == 10.0
+            # cosine from 10 to the default 10/1000 = 0.01 over the run (the paper's ablation)
+            assert g["pre_clip_schedule"] == {
+                "kind": "cosine",
+                "total_steps": 100,
+                "decay_fraction": 1.0,
+                "final_ratio": pytest.approx(1e-3),
+            }
+        else:
+            assert g["clip_c"] is None and g["pre_clip_c"] is None
+    # the plain base optimizers clip nothing
+    assert all(g["clip_c"] is None for g in spectral_groups(groups, cfg, spectral=False))
+    with pytest.raises(ValueError, match="pre_clip_c_final"):
+        TrainConfig(pre_clip_c=1.0, pre_clip_c_final=2.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -158,6 +158,10 @@ class TrainConfig:
             raise bad("overwrite", "cannot be combined with resume")
         if self.pre_clip_schedule == "cosine" and self.pre_clip_c is None:
             raise bad("pre_clip_schedule", "cosine needs pre_clip_c")
+        if self.pre_clip_c_final is not None and (
+            self.pre_clip_c is None or self.pre_clip_c_final > self.pre_clip_c
+        ):
+            raise bad("pre_clip_c_final", "must not exceed pre_clip_c")
         from spectra_lab.train.optimizers import OPTIMIZERS
 
         if self.optimizer not in OPTIMIZERS:

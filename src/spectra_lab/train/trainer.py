@@ -1,16 +1,13 @@
 """The training loop: one file to read top to bottom.
 
 A step is: ``grad_accum`` micro-batches of forward and backward (averaged gradients),
-global gradient-norm clipping, then ``optimizer.step()`` which, for the SPECTRA
-optimizers, spectrally clips each update (Algorithm "SPECTRA" of "Enhancing LLM
-Training via Spectral Clipping"). Before each step the trainer writes the scheduled
-thresholds into the param groups, the same way ``LambdaLR`` writes ``lr``:
-
-* learning rate ``η_k = η · S_lr(k)`` (WSD or cosine, with linear warmup);
-* clipping threshold, "standard" schedule of the paper:
-  ``c_k = c · η / η_k`` during warmup (``k ≤ K_warmup``), ``c_k = c`` afterwards, which
-  keeps the update capacity ``c_k η_k`` constant while the learning rate warms up;
-* optional pre-clipping threshold ``c_pre``, constant or cosine-decayed.
+global gradient-norm clipping of the raw gradient, then ``optimizer.step()``, which for
+the SPECTRA optimizers optionally pre-clips the gradient, forms the base update and
+spectrally clips it (Algorithm "SPECTRA" of "Enhancing LLM Training via Spectral
+Clipping"), then ``LambdaLR`` moves the learning rate ``η_k = η · S_lr(k)`` (WSD or
+cosine, with linear warmup). The clipping threshold ``c_k`` follows the clip schedule
+that ``optimizers.py`` puts in the param groups; the optimizer evaluates it each step
+from the group's current and peak learning rate.
 
 Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) the model is wrapped in DDP (gloo on
 CPU, NCCL on CUDA); every rank draws its own data stream, and only rank 0 writes files.
@@ -48,7 +45,7 @@ from spectra_lab.train.checkpoint import (
 )
 from spectra_lab.train.config import ConfigError, TrainConfig, save_config
 from spectra_lab.train.metrics import MetricsWriter
-from spectra_lab.train.optimizers import build_optimizer
+from spectra_lab.train.optimizers import build_optimizer, current_clip_c
 
 CHECKPOINT_FORMAT = 1
 
@@ -66,30 +63,6 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
     if cfg.schedule == "cosine":
         return cosine_schedule(cfg.warmup_steps, cfg.steps, final_ratio=cfg.final_lr_ratio)
     return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=0.0)  # "constant"
-
-
-def clip_threshold(c: float, step: int, lr_factor: float, cfg: TrainConfig) -> float:
-    """The paper's clipping schedule ``S_c(c, k)``.
-
-    "standard": ``c_k = c η / η_k = c / S_lr(k)`` for ``k ≤ K_warmup``, else ``c``.
-    (At ``S_lr(k) = 0`` the update is zero whatever ``c_k``; the factor is floored to
-    keep the threshold finite.) "constant": ``c_k = c``.
-    """
-    if cfg.clip_schedule == "standard" and step <= cfg.warmup_steps:
-        return c / max(lr_factor, 1e-6)
-    return c
-
-
-def pre_clip_threshold(c: float, step: int, cfg: TrainConfig) -> float:
-    """Pre-clipping threshold: constant, or cosine from ``c`` to ``pre_clip_c_final``.
-
-    The cosine default end value is ``c / 1000`` (the paper's ablation decays 10 -> 0.01).
-    """
-    if cfg.pre_clip_schedule == "constant":
-        return c
-    end = cfg.pre_clip_c_final if cfg.pre_clip_c_final is not None else c / 1000.0
-    t = min(step / max(cfg.steps - 1, 1), 1.0)
-    return end + (c - end) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,19 +264,6 @@ class Trainer:
             raise ValueError("the validation set yields no batches; lower eval_batch_size")
         return (total[0] / total[1]).item()
 
-    def _apply_thresholds(self, step: int) -> float | None:
-        """Write ``c_k`` and ``c_pre,k`` into the param groups; returns ``c_k`` (or None)."""
-        factor = self.lr_fn(step)
-        c_now = None
-        for group, c, c_pre in zip(
-            self.optimizer.param_groups, self.base_clip, self.base_pre_clip, strict=True
-        ):
-            if c is not None:
-                group["clip_c"] = c_now = clip_threshold(c, step, factor, self.cfg)
-            if c_pre is not None:
-                group["pre_clip_c"] = pre_clip_threshold(c_pre, step, self.cfg)
-        return c_now
-
     def _checkpoint(self, step: int, tokens: int) -> None:
         rt = self.rt
         samplers = _gather(self.sampler.state_dict(), rt)
@@ -369,8 +329,6 @@ class Trainer:
         self.train_data, self.val, self.sampler = self._open_data(self.dataset_dir)
 
         self.optimizer = build_optimizer(self.model, cfg)
-        self.base_clip = [g.get("clip_c") for g in self.optimizer.param_groups]
-        self.base_pre_clip = [g.get("pre_clip_c") for g in self.optimizer.param_groups]
         self.lr_fn = lr_lambda(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_fn)
 
@@ -508,7 +466,7 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         perf = time.perf_counter
         t_start = perf()
-        clip_c = self._apply_thresholds(step)
+        clip_c = current_clip_c(self.optimizer, step)
         lr = self.optimizer.param_groups[0]["lr"]
         t_data = t_fwd = t_bwd = 0.0
         loss_sum = torch.zeros((), device=rt.device)
