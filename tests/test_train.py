@@ -142,14 +142,17 @@ def _data_stand_in() -> types.ModuleType:
             return chunk[:-1], chunk[1:]
 
     class BatchSampler:
-        def __init__(self, dataset, batch_size, seed, shuffle=True) -> None:
+        # One global batch of batch_size * world_size random windows; rank r takes slice r.
+        def __init__(self, dataset, batch_size, seed, *, shuffle=True, rank=0, world_size=1):
             self.dataset, self.batch_size = dataset, batch_size
+            self.rank, self.world_size = rank, world_size
             self.rng = np.random.default_rng(seed)
 
         def next_batch(self):
             high = len(self.dataset.tokens) - self.dataset.seq_len - 1
-            starts = self.rng.integers(0, high, self.batch_size)
-            xs, ys = zip(*(self.dataset.window(int(s)) for s in starts), strict=True)
+            starts = self.rng.integers(0, high, self.batch_size * self.world_size)
+            mine = starts[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+            xs, ys = zip(*(self.dataset.window(int(s)) for s in mine), strict=True)
             return torch.stack(xs), torch.stack(ys)
 
         def state_dict(self):
@@ -175,8 +178,12 @@ def _data_stand_in() -> types.ModuleType:
     def prepare(name, out_dir, tokenizer="bpe", vocab_size=4096, **opts):
         raise NotImplementedError("the stand-in prepares nothing")
 
+    def default_dataset_dir(name, tokenizer="bpe", vocab_size=4096, cache_dir=None):
+        return Path(cache_dir or ".") / "datasets" / f"{name}-{tokenizer}"
+
     mod = types.ModuleType("spectra_lab.data")
-    for obj in (TokenDataset, BatchSampler, iter_eval_batches, load_tokenizer, prepare):
+    funcs = (iter_eval_batches, load_tokenizer, prepare, default_dataset_dir)
+    for obj in (TokenDataset, BatchSampler, *funcs):
         setattr(mod, obj.__name__, obj)
     return mod
 
@@ -344,9 +351,11 @@ def test_cli_short_run_loss_falls_and_writes_metrics(train_dataset, tmp_path, ca
     model, _ = load_model(out)
     val = TokenDataset(train_dataset / "val.bin", 32)
     with torch.no_grad():
-        losses = [model(x, y)[1].item() for x, y in iter_eval_batches(val, 8, max_batches=4)]
-    assert summary["val_loss"] == pytest.approx(np.mean(losses), rel=1e-6)
-    assert summary["val_ppl"] == pytest.approx(math.exp(np.mean(losses)), rel=1e-6)
+        batches = list(iter_eval_batches(val, 8, max_batches=4))
+        losses = [model(x, y)[1].item() * len(x) for x, y in batches]
+    mean = sum(losses) / sum(len(x) for x, _ in batches)
+    assert summary["val_loss"] == pytest.approx(mean, rel=1e-6)
+    assert summary["val_ppl"] == pytest.approx(math.exp(mean), rel=1e-6)
     assert evals[-1]["val_loss"] == pytest.approx(summary["val_loss"], rel=1e-12)
     assert f"{summary['val_loss']:.4f}" in final
 
@@ -570,7 +579,7 @@ def _ddp_worker(rank: int, port: int, dataset: str, out: str, result_dir: str) -
     torch.save(result.model.state_dict(), Path(result_dir) / f"rank{rank}.pt")
 
 
-def test_ddp_two_processes_end_with_identical_weights(train_dataset, tmp_path):
+def test_ddp_two_processes_match_one_process_with_the_global_batch(train_dataset, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -582,10 +591,18 @@ def test_ddp_two_processes_end_with_identical_weights(train_dataset, tmp_path):
     w1 = torch.load(tmp_path / "rank1.pt")
     for name in w0:
         torch.testing.assert_close(w1[name], w0[name], rtol=0, atol=0, msg=name)
-    state = load_checkpoint(out / "ckpt" / "step_0000004.pt")
-    assert state["world_size"] == 2
-    s0, s1 = state["samplers"]
-    assert s0 != s1  # each rank draws its own data stream
-    rows = read_jsonl(out / "metrics.jsonl")
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert load_checkpoint(out / "ckpt" / "step_0000004.pt")["world_size"] == 2
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[0]["tokens"] == 2 * 2 * 8 * 32  # ranks x accumulation x batch x seq_len
+
+    # Reference: one process drawing the whole global batch (2 ranks x 8 sequences). Rank r
+    # takes the r-th slice of each global batch, and DDP averages the two ranks' gradients,
+    # so both runs take the same steps up to floating-point summation order.
+    ref_cfg = small_config(train_dataset, tmp_path / "ref", steps=4, grad_accum=2, batch_size=16)
+    ref_cfg = dataclasses.replace(ref_cfg, eval_interval=4)
+    ref = train(ref_cfg)
+    ref_rows = [r for r in read_jsonl(tmp_path / "ref" / "metrics.jsonl") if r["kind"] == "train"]
+    np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in ref_rows], rtol=1e-5)
+    for name, p in ref.model.state_dict().items():
+        torch.testing.assert_close(w0[name], p, rtol=1e-3, atol=1e-4, msg=name)

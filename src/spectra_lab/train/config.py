@@ -45,7 +45,9 @@ class TrainConfig:
     dataset: str = "shakespeare"  # a name for spectra_lab.data.prepare, or a prepared directory
     tokenizer: str = "bpe"
     vocab_size: int = 4096  # tokenizer vocabulary (used when the dataset is prepared here)
-    data_dir: str = "data_cache"
+    data_dir: str | None = (
+        None  # cache root for prepared datasets; None: $SPECTRA_CACHE or ~/.cache/spectra
+    )
 
     # model
     preset: str = "cpu-small"

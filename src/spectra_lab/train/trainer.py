@@ -169,17 +169,25 @@ def _config_dict(obj: Any) -> dict[str, Any]:
 
 
 def resolve_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
-    """A prepared dataset directory: ``cfg.dataset`` itself, or prepared by rank 0."""
+    """A prepared dataset directory: ``cfg.dataset`` itself, or prepared by rank 0.
+
+    A name is prepared (once; ``prepare`` skips a complete directory) into the data
+    package's default location, ``<data_dir>/datasets/<name>-<tokenizer tag>``.
+    """
     given = Path(cfg.dataset)
     if (given / "meta.json").is_file():
         return given
     path = None
     if rt.is_main:
-        from spectra_lab.data import prepare
+        from spectra_lab.data import default_dataset_dir, prepare
 
-        path = str(
-            prepare(cfg.dataset, cfg.data_dir, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size)
-        )
+        try:
+            out = default_dataset_dir(cfg.dataset, cfg.tokenizer, cfg.vocab_size, cfg.data_dir)
+            path = str(
+                prepare(cfg.dataset, out, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size)
+            )
+        except ValueError as exc:  # unknown dataset or tokenizer
+            raise ConfigError(f"config field 'dataset' = {cfg.dataset!r}: {exc}") from None
     return Path(_broadcast(path, rt))
 
 
@@ -187,7 +195,10 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[nn.Module, Any]:
     """The Llama of preset ``cfg.preset`` (same initial weights on every rank)."""
     from spectra_lab.model import Llama, model_config
 
-    model_cfg = model_config(cfg.preset, vocab_size, seq_len=cfg.seq_len)
+    try:
+        model_cfg = model_config(cfg.preset, vocab_size, seq_len=cfg.seq_len)
+    except ValueError as exc:
+        raise ConfigError(f"config field 'preset' = {cfg.preset!r}: {exc}") from None
     torch.manual_seed(cfg.seed)
     return Llama(model_cfg), model_cfg
 
@@ -232,8 +243,11 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         train = TokenDataset(dataset_dir / "train.bin", self.seq_len)
         val = TokenDataset(dataset_dir / "val.bin", self.seq_len)
-        # Distinct data stream per rank.
-        sampler = BatchSampler(train, cfg.batch_size, seed=cfg.seed + 1000 * rt.rank)
+        # One global batch of batch_size * world_size windows per micro-step; rank r takes
+        # the r-th slice, so ranks see disjoint data.
+        sampler = BatchSampler(
+            train, cfg.batch_size, seed=cfg.seed, rank=rt.rank, world_size=rt.world_size
+        )
         return train, val, sampler
 
     def _eval_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -245,7 +259,10 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the fixed validation batches (split across ranks)."""
+        """Mean token loss over the fixed validation batches (split across ranks).
+
+        Batches are weighted by their number of sequences (the last may be smaller).
+        """
         rt = self.rt
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=rt.device)
@@ -255,13 +272,13 @@ class Trainer:
             x, y = x.to(rt.device), y.to(rt.device)
             with rt.autocast():
                 _, loss = self.model(x, y)
-            total[0] += loss.double()
-            total[1] += 1
+            total[0] += loss.double() * x.shape[0]
+            total[1] += x.shape[0]
         if rt.distributed:
             dist.all_reduce(total)
         self.model.train()
         if total[1] == 0:
-            raise ValueError("the validation set yields no batches; lower eval_batch_size")
+            raise ConfigError("the validation split yields no batch; lower eval_batch_size")
         return (total[0] / total[1]).item()
 
     def _checkpoint(self, step: int, tokens: int) -> None:
