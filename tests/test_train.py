@@ -190,7 +190,9 @@ def _data_stand_in() -> types.ModuleType:
 
 def _schedules_stand_in() -> types.ModuleType:
     def wsd_schedule(warmup_steps, total_steps, decay_fraction=0.2):
-        decay = int(decay_fraction * total_steps)
+        decay = round(decay_fraction * total_steps)
+        if warmup_steps > total_steps - decay:
+            raise ValueError(f"warmup_steps={warmup_steps} overlaps the decay phase")
 
         def factor(k: int) -> float:
             if k < warmup_steps:
@@ -321,10 +323,10 @@ def test_cli_short_run_loss_falls_and_writes_metrics(train_dataset, tmp_path, ca
     evals = [r for r in train_rows if r["kind"] == "eval"]
     assert [r["step"] for r in steps] == list(range(1, 31))
     assert [r["step"] for r in evals] == [10, 20, 30]
-    first = np.mean([r["loss"] for r in steps[:5]])
+    first = steps[0]["loss"]
     last = np.mean([r["loss"] for r in steps[-5:]])
-    assert first > math.log(VOCAB) - 0.3  # starts near the uniform-prediction loss
-    assert last < first - 1.0, (first, last)
+    assert abs(first - math.log(VOCAB)) < 0.3  # starts near the uniform-prediction loss
+    assert last < first - 1.5, (first, last)
     for r in steps:
         phases = r["t_data"] + r["t_forward"] + r["t_backward"] + r["t_grad_clip"]
         assert phases + r["t_optimizer"] <= r["t_step"] + 1e-9
@@ -459,6 +461,7 @@ def test_sample_cli_generates_from_run_dir(train_dataset, tmp_path, capsys, monk
         (["--optimizer", "adam9"], "config field 'optimizer'"),
         (["--set", "lr"], "--set expects key=value"),
         (["--lr", "-1"], "config field 'lr'"),
+        (["--steps", "10", "--warmup-steps", "10"], "overlaps the decay phase"),
     ],
 )
 def test_bad_config_is_one_line_error(argv, needle, capsys):
@@ -575,6 +578,7 @@ def _ddp_worker(rank: int, port: int, dataset: str, out: str, result_dir: str) -
     for name, mod in stand_ins().items():
         sys.modules[name] = mod
     cfg = small_config(Path(dataset), Path(out), steps=4, grad_accum=2, eval_interval=4)
+    cfg = dataclasses.replace(cfg, warmup_steps=1)
     result = train(cfg)
     torch.save(result.model.state_dict(), Path(result_dir) / f"rank{rank}.pt")
 
@@ -600,7 +604,7 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(train_dataset
     # takes the r-th slice of each global batch, and DDP averages the two ranks' gradients,
     # so both runs take the same steps up to floating-point summation order.
     ref_cfg = small_config(train_dataset, tmp_path / "ref", steps=4, grad_accum=2, batch_size=16)
-    ref_cfg = dataclasses.replace(ref_cfg, eval_interval=4)
+    ref_cfg = dataclasses.replace(ref_cfg, eval_interval=4, warmup_steps=1)
     ref = train(ref_cfg)
     ref_rows = [r for r in read_jsonl(tmp_path / "ref" / "metrics.jsonl") if r["kind"] == "train"]
     np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in ref_rows], rtol=1e-5)

@@ -58,11 +58,14 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
     """``S_lr(k)``: the multiplier of the peak learning rate at step ``k``."""
     from spectra.optim.schedules import cosine_schedule, wsd_schedule
 
-    if cfg.schedule == "wsd":
-        return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=cfg.decay_fraction)
-    if cfg.schedule == "cosine":
-        return cosine_schedule(cfg.warmup_steps, cfg.steps, final_ratio=cfg.final_lr_ratio)
-    return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=0.0)  # "constant"
+    try:
+        if cfg.schedule == "wsd":
+            return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=cfg.decay_fraction)
+        if cfg.schedule == "cosine":
+            return cosine_schedule(cfg.warmup_steps, cfg.steps, final_ratio=cfg.final_lr_ratio)
+        return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=0.0)  # "constant"
+    except ValueError as exc:
+        raise ConfigError(f"config field 'schedule' = {cfg.schedule!r}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------
