@@ -172,10 +172,12 @@ def _config_dict(obj: Any) -> dict[str, Any]:
 
 
 def resolve_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
-    """A prepared dataset directory: ``cfg.dataset`` itself, or prepared by rank 0.
+    """A prepared dataset directory: ``cfg.dataset`` itself, or found/prepared by rank 0.
 
-    A name is prepared (once; ``prepare`` skips a complete directory) into the data
-    package's default location, ``<data_dir>/datasets/<name>-<tokenizer tag>``.
+    A name refers to the data package's default location for it,
+    ``<data_dir>/datasets/<name>-<tokenizer tag>`` (what ``spectra prepare-data`` writes):
+    a prepared dataset there is used as it is (whatever token budget it was made with),
+    otherwise rank 0 prepares it with the default options.
     """
     given = Path(cfg.dataset)
     if (given / "meta.json").is_file():
@@ -186,9 +188,12 @@ def resolve_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
 
         try:
             out = default_dataset_dir(cfg.dataset, cfg.tokenizer, cfg.vocab_size, cfg.data_dir)
-            path = str(
-                prepare(cfg.dataset, out, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size)
-            )
+            if (out / "meta.json").is_file():
+                path = str(out)
+            else:
+                path = str(
+                    prepare(cfg.dataset, out, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size)
+                )
         except ValueError as exc:  # unknown dataset or tokenizer
             raise ConfigError(f"config field 'dataset' = {cfg.dataset!r}: {exc}") from None
     return Path(_broadcast(path, rt))
