@@ -399,6 +399,18 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_pat
         torch.testing.assert_close(sb[i]["exp_avg_sq"], sa[i]["exp_avg_sq"], rtol=0, atol=1e-9)
 
 
+def test_resume_with_more_steps_follows_the_extended_schedule(train_dataset, tmp_path):
+    cfg = small_config(train_dataset, tmp_path / "run", steps=10, checkpoint_interval=0)
+    train(cfg)
+    # WSD over 10 steps ended at lr 0; extended to 20 steps, step 11 is in the stable phase.
+    train(dataclasses.replace(cfg, steps=20, resume=True))
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    assert rows[9]["lr"] < cfg.lr  # last step of the first run: decaying
+    assert rows[10]["lr"] == pytest.approx(cfg.lr)  # k = 10 of 20: stable
+    assert rows[-1]["lr"] < cfg.lr
+
+
 def test_truncated_or_corrupt_checkpoint_is_reported(train_dataset, tmp_path, capsys):
     cfg = small_config(train_dataset, tmp_path / "run", steps=5, eval_interval=5)
     train(cfg)

@@ -325,12 +325,22 @@ class Trainer:
                 f"checkpoint {path} was written by {state['world_size']} processes; "
                 f"resume with the same number (got {self.rt.world_size})"
             )
+        step = state["step"]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        # The LR schedule follows this run's config (``--steps`` may extend a WSD run from
+        # its stable phase), so the saved schedule settings are not loaded and the lr of
+        # the next step is recomputed; with an unchanged config this is the saved value.
+        sched = dict(state["scheduler"])
+        sched["lr_lambdas"] = [None] * len(self.optimizer.param_groups)
+        self.scheduler.load_state_dict(sched)
+        factor = self.lr_fn(step)
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+            group["lr"] = base * factor
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         self.sampler.load_state_dict(state["samplers"][self.rt.rank])
         _set_rng_state(state["rng"][self.rt.rank], self.rt)
-        return state["step"], state["tokens"]
+        return step, state["tokens"]
 
     def _log_line(self, text: str) -> None:
         if not self.rt.is_main:
