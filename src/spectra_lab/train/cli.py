@@ -100,7 +100,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             saved = Path(str(out_dir)) / "config.yaml"
             if saved.is_file():
                 base = load_saved_config(saved)
-        return build_config(*layers, base=base)
+        cfg = build_config(*layers, base=base)
+        from spectra_lab.train.trainer import lr_lambda
+
+        lr_lambda(cfg)  # the schedule checks its own settings (e.g. warmup vs decay phase)
+        return cfg
     except ConfigError as exc:
         raise CLIError(str(exc)) from None
 

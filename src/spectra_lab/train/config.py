@@ -45,7 +45,9 @@ class TrainConfig:
     dataset: str = "shakespeare"  # a name for spectra_lab.data.prepare, or a prepared directory
     tokenizer: str = "bpe"
     vocab_size: int = 4096  # tokenizer vocabulary (used when the dataset is prepared here)
-    data_dir: str = "data_cache"
+    data_dir: str | None = (
+        None  # cache root for prepared datasets; None: $SPECTRA_CACHE or ~/.cache/spectra
+    )
 
     # model
     preset: str = "cpu-small"
@@ -158,6 +160,10 @@ class TrainConfig:
             raise bad("overwrite", "cannot be combined with resume")
         if self.pre_clip_schedule == "cosine" and self.pre_clip_c is None:
             raise bad("pre_clip_schedule", "cosine needs pre_clip_c")
+        if self.pre_clip_c_final is not None and (
+            self.pre_clip_c is None or self.pre_clip_c_final > self.pre_clip_c
+        ):
+            raise bad("pre_clip_c_final", "must not exceed pre_clip_c")
         from spectra_lab.train.optimizers import OPTIMIZERS
 
         if self.optimizer not in OPTIMIZERS:

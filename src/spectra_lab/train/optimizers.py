@@ -69,53 +69,96 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
 
 
 def _plain(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Groups for an optimizer without spectral clipping."""
+    """Groups for an optimizer that knows nothing of SPECTRA."""
     return [{k: v for k, v in g.items() if k != "spectral_clip"} for g in groups]
 
 
-def _spectral(groups: list[dict[str, Any]], cfg: TrainConfig, **extra: Any) -> list[dict]:
-    """Groups carrying the SPECTRA keywords; unclipped groups get ``clip_c=None``."""
+def _pre_clip_schedule(cfg: TrainConfig) -> str | dict[str, Any]:
+    if cfg.pre_clip_schedule == "constant":
+        return "constant"
+    # cosine from pre_clip_c to pre_clip_c_final over the whole run
+    final = cfg.pre_clip_c_final if cfg.pre_clip_c_final is not None else cfg.pre_clip_c / 1000
+    return {
+        "kind": "cosine",
+        "total_steps": cfg.steps,
+        "decay_fraction": 1.0,
+        "final_ratio": final / cfg.pre_clip_c,
+    }
+
+
+def spectral_groups(
+    groups: list[dict[str, Any]], cfg: TrainConfig, spectral: bool = True, **extra: Any
+) -> list[dict[str, Any]]:
+    """Groups carrying the SPECTRA keywords of ``spectra.optim`` optimizers.
+
+    Groups in ``cfg.clip_groups`` get the threshold ``clip_c``, the scale ``clip_scale``,
+    the clipping schedule (``clip_schedule`` with the run's ``warmup_steps``, which the
+    "standard" schedule needs) and the pre-clipping settings; the optimizer computes the
+    per-step thresholds ``c_k`` itself. Every other group, and every group when
+    ``spectral=False`` (the plain base optimizers), gets ``clip_c=None``: no clipping.
+    """
     out = []
     for g in groups:
-        clip = g["spectral_clip"]
         d = {k: v for k, v in g.items() if k != "spectral_clip"}
-        d["clip_c"] = cfg.clip_c if clip else None
-        d["pre_clip_c"] = cfg.pre_clip_c if clip else None
-        if clip:
-            d["clip_scale"] = cfg.clip_scale
-            d.update(extra)
+        if spectral and g["spectral_clip"]:
+            d.update(
+                clip_c=cfg.clip_c,
+                clip_scale=cfg.clip_scale,
+                clip_schedule=cfg.clip_schedule,
+                warmup_steps=cfg.warmup_steps,
+                pre_clip_c=cfg.pre_clip_c,
+                pre_clip_schedule=_pre_clip_schedule(cfg),
+                **extra,
+            )
+        else:
+            d.update(clip_c=None, pre_clip_c=None)
         out.append(d)
     return out
 
 
-def _spectra_cls(name: str) -> type:
-    import spectra
+def current_clip_c(optimizer: torch.optim.Optimizer, step: int) -> float | None:
+    """The threshold ``c_k`` the optimizer applies at 0-based ``step`` (first clipped group).
 
-    return getattr(spectra, name)
+    ``None`` when no group is spectrally clipped. Call it after the LR scheduler has set
+    this step's learning rate, since the "standard" schedule depends on it.
+    """
+    for group in optimizer.param_groups:
+        if group.get("clip_c") is not None and group.get("post", "clip") != "orth":
+            from spectra.optim.base import post_threshold
+
+            return post_threshold(group, step)
+    return None
 
 
-def _no_clip(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**g, "clip_c": None} for g in _plain(groups)]
+def _optim(name: str) -> type:
+    import spectra.optim
+
+    return getattr(spectra.optim, name)
 
 
 def _adamw(groups, cfg, spectral=False, **extra):
-    g = _spectral(groups, cfg, **extra) if spectral else _no_clip(groups)
-    return _spectra_cls("AdamW")(
-        g, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **cfg.optimizer_kwargs
+    return _optim("AdamW")(
+        spectral_groups(groups, cfg, spectral, **extra),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        **cfg.optimizer_kwargs,
     )
 
 
 def _signum(groups, cfg, spectral=False):
-    g = _spectral(groups, cfg) if spectral else _no_clip(groups)
-    return _spectra_cls("Signum")(
-        g, lr=cfg.lr, momentum=cfg.momentum, nesterov=True, **cfg.optimizer_kwargs
+    return _optim("Signum")(
+        spectral_groups(groups, cfg, spectral),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=True,
+        **cfg.optimizer_kwargs,
     )
 
 
 def _ademamix(groups, cfg, spectral=False):
-    g = _spectral(groups, cfg) if spectral else _no_clip(groups)
-    return _spectra_cls("AdEMAMix")(
-        g,
+    return _optim("AdEMAMix")(
+        spectral_groups(groups, cfg, spectral),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2, cfg.beta3),
         alpha=cfg.ademamix_alpha,
@@ -125,38 +168,50 @@ def _ademamix(groups, cfg, spectral=False):
 
 
 def _mars(groups, cfg, spectral=False):
-    g = _spectral(groups, cfg) if spectral else _no_clip(groups)
-    return _spectra_cls("MARS")(
-        g, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **cfg.optimizer_kwargs
+    # MARS keeps its own betas (0.95, 0.99), gamma 0.025 and 1-D AdamW settings, the
+    # paper's table values; override them through optimizer_kwargs.
+    return _optim("MARS")(
+        spectral_groups(groups, cfg, spectral), lr=cfg.lr, eps=cfg.eps, **cfg.optimizer_kwargs
     )
 
 
 def _sgdm(groups, cfg, spectral=False):
-    g = _spectral(groups, cfg) if spectral else _no_clip(groups)
-    return _spectra_cls("SGDM")(g, lr=cfg.lr, momentum=cfg.momentum, **cfg.optimizer_kwargs)
+    # spectra's SGDM averages M <- (1 - beta) M + beta g: beta is one minus the momentum.
+    return _optim("SGDM")(
+        spectral_groups(groups, cfg, spectral),
+        lr=cfg.lr,
+        beta=1.0 - cfg.momentum,
+        **cfg.optimizer_kwargs,
+    )
 
 
 def _dmuon(groups, cfg):
     # Muon on the hidden/attention matrices, AdamW on the rest (embeddings, head, norms).
     g = [{**d, "use_muon": d["group"] in DECAY_GROUPS} for d in _plain(groups)]
-    return _spectra_cls("DMuon")(
+    return _optim("DMuon")(
         g, lr=cfg.lr, momentum=cfg.momentum, nesterov=True, **cfg.optimizer_kwargs
     )
 
 
 def _soap(groups, cfg):
-    return _spectra_cls("SOAP")(
-        _plain(groups), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+    return _optim("SOAP")(
+        _plain(groups),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
         **cfg.optimizer_kwargs,
-    )  # fmt: skip
+    )
 
 
 def _torch_adamw(groups, cfg):
     """PyTorch's own AdamW: a reference baseline with no SPECTRA code involved."""
     return torch.optim.AdamW(
-        _plain(groups), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+        _plain(groups),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
         **cfg.optimizer_kwargs,
-    )  # fmt: skip
+    )
 
 
 OPTIMIZERS: dict[str, Builder] = {

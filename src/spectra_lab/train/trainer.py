@@ -1,16 +1,13 @@
 """The training loop: one file to read top to bottom.
 
 A step is: ``grad_accum`` micro-batches of forward and backward (averaged gradients),
-global gradient-norm clipping, then ``optimizer.step()`` which, for the SPECTRA
-optimizers, spectrally clips each update (Algorithm "SPECTRA" of "Enhancing LLM
-Training via Spectral Clipping"). Before each step the trainer writes the scheduled
-thresholds into the param groups, the same way ``LambdaLR`` writes ``lr``:
-
-* learning rate ``η_k = η · S_lr(k)`` (WSD or cosine, with linear warmup);
-* clipping threshold, "standard" schedule of the paper:
-  ``c_k = c · η / η_k`` during warmup (``k ≤ K_warmup``), ``c_k = c`` afterwards, which
-  keeps the update capacity ``c_k η_k`` constant while the learning rate warms up;
-* optional pre-clipping threshold ``c_pre``, constant or cosine-decayed.
+global gradient-norm clipping of the raw gradient, then ``optimizer.step()``, which for
+the SPECTRA optimizers optionally pre-clips the gradient, forms the base update and
+spectrally clips it (Algorithm "SPECTRA" of "Enhancing LLM Training via Spectral
+Clipping"), then ``LambdaLR`` moves the learning rate ``η_k = η · S_lr(k)`` (WSD or
+cosine, with linear warmup). The clipping threshold ``c_k`` follows the clip schedule
+that ``optimizers.py`` puts in the param groups; the optimizer evaluates it each step
+from the group's current and peak learning rate.
 
 Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) the model is wrapped in DDP (gloo on
 CPU, NCCL on CUDA); every rank draws its own data stream, and only rank 0 writes files.
@@ -48,7 +45,7 @@ from spectra_lab.train.checkpoint import (
 )
 from spectra_lab.train.config import ConfigError, TrainConfig, save_config
 from spectra_lab.train.metrics import MetricsWriter
-from spectra_lab.train.optimizers import build_optimizer
+from spectra_lab.train.optimizers import build_optimizer, current_clip_c
 
 CHECKPOINT_FORMAT = 1
 
@@ -61,35 +58,14 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
     """``S_lr(k)``: the multiplier of the peak learning rate at step ``k``."""
     from spectra.optim.schedules import cosine_schedule, wsd_schedule
 
-    if cfg.schedule == "wsd":
-        return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=cfg.decay_fraction)
-    if cfg.schedule == "cosine":
-        return cosine_schedule(cfg.warmup_steps, cfg.steps, final_ratio=cfg.final_lr_ratio)
-    return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=0.0)  # "constant"
-
-
-def clip_threshold(c: float, step: int, lr_factor: float, cfg: TrainConfig) -> float:
-    """The paper's clipping schedule ``S_c(c, k)``.
-
-    "standard": ``c_k = c η / η_k = c / S_lr(k)`` for ``k ≤ K_warmup``, else ``c``.
-    (At ``S_lr(k) = 0`` the update is zero whatever ``c_k``; the factor is floored to
-    keep the threshold finite.) "constant": ``c_k = c``.
-    """
-    if cfg.clip_schedule == "standard" and step <= cfg.warmup_steps:
-        return c / max(lr_factor, 1e-6)
-    return c
-
-
-def pre_clip_threshold(c: float, step: int, cfg: TrainConfig) -> float:
-    """Pre-clipping threshold: constant, or cosine from ``c`` to ``pre_clip_c_final``.
-
-    The cosine default end value is ``c / 1000`` (the paper's ablation decays 10 -> 0.01).
-    """
-    if cfg.pre_clip_schedule == "constant":
-        return c
-    end = cfg.pre_clip_c_final if cfg.pre_clip_c_final is not None else c / 1000.0
-    t = min(step / max(cfg.steps - 1, 1), 1.0)
-    return end + (c - end) * 0.5 * (1.0 + math.cos(math.pi * t))
+    try:
+        if cfg.schedule == "wsd":
+            return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=cfg.decay_fraction)
+        if cfg.schedule == "cosine":
+            return cosine_schedule(cfg.warmup_steps, cfg.steps, final_ratio=cfg.final_lr_ratio)
+        return wsd_schedule(cfg.warmup_steps, cfg.steps, decay_fraction=0.0)  # "constant"
+    except ValueError as exc:
+        raise ConfigError(f"config field 'schedule' = {cfg.schedule!r}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,17 +172,30 @@ def _config_dict(obj: Any) -> dict[str, Any]:
 
 
 def resolve_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
-    """A prepared dataset directory: ``cfg.dataset`` itself, or prepared by rank 0."""
+    """A prepared dataset directory: ``cfg.dataset`` itself, or found/prepared by rank 0.
+
+    A name refers to the data package's default location for it,
+    ``<data_dir>/datasets/<name>-<tokenizer tag>`` (what ``spectra prepare-data`` writes):
+    a prepared dataset there is used as it is (whatever token budget it was made with),
+    otherwise rank 0 prepares it with the default options.
+    """
     given = Path(cfg.dataset)
     if (given / "meta.json").is_file():
         return given
     path = None
     if rt.is_main:
-        from spectra_lab.data import prepare
+        from spectra_lab.data import default_dataset_dir, prepare
 
-        path = str(
-            prepare(cfg.dataset, cfg.data_dir, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size)
-        )
+        try:
+            out = default_dataset_dir(cfg.dataset, cfg.tokenizer, cfg.vocab_size, cfg.data_dir)
+            if (out / "meta.json").is_file():
+                path = str(out)
+            else:
+                path = str(
+                    prepare(cfg.dataset, out, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size)
+                )
+        except ValueError as exc:  # unknown dataset or tokenizer
+            raise ConfigError(f"config field 'dataset' = {cfg.dataset!r}: {exc}") from None
     return Path(_broadcast(path, rt))
 
 
@@ -214,7 +203,10 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[nn.Module, Any]:
     """The Llama of preset ``cfg.preset`` (same initial weights on every rank)."""
     from spectra_lab.model import Llama, model_config
 
-    model_cfg = model_config(cfg.preset, vocab_size, seq_len=cfg.seq_len)
+    try:
+        model_cfg = model_config(cfg.preset, vocab_size, seq_len=cfg.seq_len)
+    except ValueError as exc:
+        raise ConfigError(f"config field 'preset' = {cfg.preset!r}: {exc}") from None
     torch.manual_seed(cfg.seed)
     return Llama(model_cfg), model_cfg
 
@@ -259,8 +251,11 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         train = TokenDataset(dataset_dir / "train.bin", self.seq_len)
         val = TokenDataset(dataset_dir / "val.bin", self.seq_len)
-        # Distinct data stream per rank.
-        sampler = BatchSampler(train, cfg.batch_size, seed=cfg.seed + 1000 * rt.rank)
+        # One global batch of batch_size * world_size windows per micro-step; rank r takes
+        # the r-th slice, so ranks see disjoint data.
+        sampler = BatchSampler(
+            train, cfg.batch_size, seed=cfg.seed, rank=rt.rank, world_size=rt.world_size
+        )
         return train, val, sampler
 
     def _eval_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -272,7 +267,10 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the fixed validation batches (split across ranks)."""
+        """Mean token loss over the fixed validation batches (split across ranks).
+
+        Batches are weighted by their number of sequences (the last may be smaller).
+        """
         rt = self.rt
         self.model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=rt.device)
@@ -282,27 +280,14 @@ class Trainer:
             x, y = x.to(rt.device), y.to(rt.device)
             with rt.autocast():
                 _, loss = self.model(x, y)
-            total[0] += loss.double()
-            total[1] += 1
+            total[0] += loss.double() * x.shape[0]
+            total[1] += x.shape[0]
         if rt.distributed:
             dist.all_reduce(total)
         self.model.train()
         if total[1] == 0:
-            raise ValueError("the validation set yields no batches; lower eval_batch_size")
+            raise ConfigError("the validation split yields no batch; lower eval_batch_size")
         return (total[0] / total[1]).item()
-
-    def _apply_thresholds(self, step: int) -> float | None:
-        """Write ``c_k`` and ``c_pre,k`` into the param groups; returns ``c_k`` (or None)."""
-        factor = self.lr_fn(step)
-        c_now = None
-        for group, c, c_pre in zip(
-            self.optimizer.param_groups, self.base_clip, self.base_pre_clip, strict=True
-        ):
-            if c is not None:
-                group["clip_c"] = c_now = clip_threshold(c, step, factor, self.cfg)
-            if c_pre is not None:
-                group["pre_clip_c"] = pre_clip_threshold(c_pre, step, self.cfg)
-        return c_now
 
     def _checkpoint(self, step: int, tokens: int) -> None:
         rt = self.rt
@@ -340,12 +325,22 @@ class Trainer:
                 f"checkpoint {path} was written by {state['world_size']} processes; "
                 f"resume with the same number (got {self.rt.world_size})"
             )
+        step = state["step"]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        # The LR schedule follows this run's config (``--steps`` may extend a WSD run from
+        # its stable phase), so the saved schedule settings are not loaded and the lr of
+        # the next step is recomputed; with an unchanged config this is the saved value.
+        sched = dict(state["scheduler"])
+        sched["lr_lambdas"] = [None] * len(self.optimizer.param_groups)
+        self.scheduler.load_state_dict(sched)
+        factor = self.lr_fn(step)
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+            group["lr"] = base * factor
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         self.sampler.load_state_dict(state["samplers"][self.rt.rank])
         _set_rng_state(state["rng"][self.rt.rank], self.rt)
-        return state["step"], state["tokens"]
+        return step, state["tokens"]
 
     def _log_line(self, text: str) -> None:
         if not self.rt.is_main:
@@ -369,8 +364,6 @@ class Trainer:
         self.train_data, self.val, self.sampler = self._open_data(self.dataset_dir)
 
         self.optimizer = build_optimizer(self.model, cfg)
-        self.base_clip = [g.get("clip_c") for g in self.optimizer.param_groups]
-        self.base_pre_clip = [g.get("pre_clip_c") for g in self.optimizer.param_groups]
         self.lr_fn = lr_lambda(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_fn)
 
@@ -508,7 +501,7 @@ class Trainer:
         cfg, rt = self.cfg, self.rt
         perf = time.perf_counter
         t_start = perf()
-        clip_c = self._apply_thresholds(step)
+        clip_c = current_clip_c(self.optimizer, step)
         lr = self.optimizer.param_groups[0]["lr"]
         t_data = t_fwd = t_bwd = 0.0
         loss_sum = torch.zeros((), device=rt.device)
