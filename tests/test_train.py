@@ -1,10 +1,6 @@
 """Tests of the trainer, its checkpoints, its config loading and the train/sample CLI.
 
-The trainer imports ``spectra_lab.model``, ``spectra_lab.data`` and
-``spectra.optim.schedules`` by name. Where one of those modules is not importable, a
-small stand-in with the same interface is installed for the test (a tiny Llama with
-the same module names, a memory-mapped token dataset, a WSD schedule); where the
-real module exists, the tests run against it. The training data is a synthetic token
+The training data is a synthetic token
 stream with a learnable structure, written in the prepared-dataset format
 (``train.bin``/``val.bin`` of uint16 tokens plus ``meta.json``).
 """
@@ -17,16 +13,12 @@ import json
 import math
 import os
 import socket
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
-from torch import nn
 
 from spectra_lab.cli import main
 from spectra_lab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
@@ -36,213 +28,6 @@ from spectra_lab.train.optimizers import OPTIMIZERS, param_groups, spectral_grou
 from spectra_lab.train.trainer import Trainer, train
 
 VOCAB = 64
-
-
-# ---------------------------------------------------------------------------------------
-# stand-ins for modules of the model, data and optimizer packages
-
-
-def _model_stand_in() -> types.ModuleType:
-    @dataclasses.dataclass
-    class ModelConfig:
-        vocab_size: int
-        d_model: int
-        n_layers: int
-        n_heads: int
-        seq_len: int
-        tie_embeddings: bool = False
-
-    class Attention(nn.Module):
-        def __init__(self, cfg: ModelConfig) -> None:
-            super().__init__()
-            d = cfg.d_model
-            self.n_heads = cfg.n_heads
-            self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, t, d = x.shape
-            q, k, v = (
-                w(x).view(b, t, self.n_heads, -1).transpose(1, 2)
-                for w in (self.wq, self.wk, self.wv)
-            )
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.wo(y.transpose(1, 2).reshape(b, t, d))
-
-    class MLP(nn.Module):
-        def __init__(self, cfg: ModelConfig) -> None:
-            super().__init__()
-            d = cfg.d_model
-            self.w1, self.w3 = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
-            self.w2 = nn.Linear(2 * d, d, bias=False)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    class Block(nn.Module):
-        def __init__(self, cfg: ModelConfig) -> None:
-            super().__init__()
-            self.attn_norm, self.mlp_norm = nn.RMSNorm(cfg.d_model), nn.RMSNorm(cfg.d_model)
-            self.attn, self.mlp = Attention(cfg), MLP(cfg)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = x + self.attn(self.attn_norm(x))
-            return x + self.mlp(self.mlp_norm(x))
-
-    class Llama(nn.Module):
-        def __init__(self, cfg: ModelConfig) -> None:
-            super().__init__()
-            self.cfg = cfg
-            self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-            self.pos = nn.Parameter(0.02 * torch.randn(cfg.seq_len, cfg.d_model))
-            self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-            self.norm = nn.RMSNorm(cfg.d_model)
-            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-
-        def forward(self, idx, targets=None):
-            x = self.tok_embeddings(idx) + self.pos[: idx.shape[1]]
-            for layer in self.layers:
-                x = layer(x)
-            logits = self.lm_head(self.norm(x))
-            loss = None
-            if targets is not None:
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-            return logits, loss
-
-        @torch.no_grad()
-        def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-            for _ in range(max_new_tokens):
-                logits, _ = self(idx[:, -self.cfg.seq_len :])
-                logits = logits[:, -1] / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, -math.inf)
-                nxt = torch.multinomial(torch.softmax(logits, -1), 1)
-                idx = torch.cat([idx, nxt], 1)
-            return idx
-
-    def model_config(preset: str, vocab_size: int, seq_len: int | None = None) -> ModelConfig:
-        if preset != "tiny":
-            raise ValueError(f"preset {preset!r} not in this stand-in")
-        return ModelConfig(vocab_size, 32, 2, 2, seq_len or 32)
-
-    mod = types.ModuleType("spectra_lab.model")
-    mod.ModelConfig, mod.Llama, mod.model_config = ModelConfig, Llama, model_config
-    return mod
-
-
-def _data_stand_in() -> types.ModuleType:
-    class TokenDataset:
-        def __init__(self, path, seq_len: int) -> None:
-            meta = json.loads((Path(path).parent / "meta.json").read_text())
-            self.tokens = np.memmap(path, dtype=meta["dtype"], mode="r")
-            self.seq_len = seq_len
-
-        def window(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-            chunk = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
-            return chunk[:-1], chunk[1:]
-
-    class BatchSampler:
-        # One global batch of batch_size * world_size random windows; rank r takes slice r.
-        def __init__(self, dataset, batch_size, seed, *, shuffle=True, rank=0, world_size=1):
-            self.dataset, self.batch_size = dataset, batch_size
-            self.rank, self.world_size = rank, world_size
-            self.rng = np.random.default_rng(seed)
-
-        def next_batch(self):
-            high = len(self.dataset.tokens) - self.dataset.seq_len - 1
-            starts = self.rng.integers(0, high, self.batch_size * self.world_size)
-            mine = starts[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-            xs, ys = zip(*(self.dataset.window(int(s)) for s in mine), strict=True)
-            return torch.stack(xs), torch.stack(ys)
-
-        def state_dict(self):
-            return {"rng": self.rng.bit_generator.state}
-
-        def load_state_dict(self, state):
-            self.rng.bit_generator.state = state["rng"]
-
-    def iter_eval_batches(dataset, batch_size, max_batches=None):
-        n = (len(dataset.tokens) - 1) // dataset.seq_len
-        for b, first in enumerate(range(0, n - batch_size + 1, batch_size)):
-            if max_batches is not None and b >= max_batches:
-                return
-            xs, ys = zip(
-                *(dataset.window(i * dataset.seq_len) for i in range(first, first + batch_size)),
-                strict=True,
-            )
-            yield torch.stack(xs), torch.stack(ys)
-
-    def load_tokenizer(dataset_dir):
-        raise NotImplementedError("the stand-in has no tokenizer")
-
-    def prepare(name, out_dir, tokenizer="bpe", vocab_size=4096, **opts):
-        raise NotImplementedError("the stand-in prepares nothing")
-
-    def default_dataset_dir(name, tokenizer="bpe", vocab_size=4096, cache_dir=None):
-        return Path(cache_dir or ".") / "datasets" / f"{name}-{tokenizer}"
-
-    mod = types.ModuleType("spectra_lab.data")
-    funcs = (iter_eval_batches, load_tokenizer, prepare, default_dataset_dir)
-    for obj in (TokenDataset, BatchSampler, *funcs):
-        setattr(mod, obj.__name__, obj)
-    return mod
-
-
-def _schedules_stand_in() -> types.ModuleType:
-    def wsd_schedule(warmup_steps, total_steps, decay_fraction=0.2):
-        decay = round(decay_fraction * total_steps)
-        if warmup_steps > total_steps - decay:
-            raise ValueError(f"warmup_steps={warmup_steps} overlaps the decay phase")
-
-        def factor(k: int) -> float:
-            if k < warmup_steps:
-                return (k + 1) / warmup_steps
-            if decay and k >= total_steps - decay:
-                return 1.0 - math.sqrt((k - (total_steps - decay) + 1) / decay)
-            return 1.0
-
-        return factor
-
-    def cosine_schedule(warmup_steps, total_steps, final_ratio=0.0):
-        def factor(k: int) -> float:
-            if k < warmup_steps:
-                return (k + 1) / warmup_steps
-            t = (k - warmup_steps) / max(total_steps - warmup_steps, 1)
-            return final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-        return factor
-
-    mod = types.ModuleType("spectra.optim.schedules")
-    mod.wsd_schedule, mod.cosine_schedule = wsd_schedule, cosine_schedule
-    return mod
-
-
-def _missing(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-    except ImportError:
-        return True
-    return False
-
-
-def stand_ins() -> dict[str, types.ModuleType]:
-    """Modules to put in ``sys.modules`` for the names that are not importable."""
-    out = {}
-    if _missing("spectra_lab.model"):
-        out["spectra_lab.model"] = _model_stand_in()
-    if _missing("spectra_lab.data"):
-        out["spectra_lab.data"] = _data_stand_in()
-    if _missing("spectra.optim.schedules"):
-        if _missing("spectra.optim"):
-            out["spectra.optim"] = types.ModuleType("spectra.optim")
-        out["spectra.optim.schedules"] = _schedules_stand_in()
-    return out
-
-
-@pytest.fixture(autouse=True)
-def train_modules(monkeypatch):
-    for name, mod in stand_ins().items():
-        monkeypatch.setitem(sys.modules, name, mod)
 
 
 @pytest.fixture(autouse=True)
@@ -347,7 +132,6 @@ def test_cli_short_run_loss_falls_and_writes_metrics(train_dataset, tmp_path, ca
     # The reported validation loss equals an independent recomputation from the checkpoint.
     summary = json.loads((out / "summary.json").read_text())
     from spectra_lab.data import TokenDataset, iter_eval_batches
-
     from spectra_lab.train.sample import load_model
 
     model, _ = load_model(out)
@@ -587,8 +371,6 @@ def _ddp_worker(rank: int, port: int, dataset: str, out: str, result_dir: str) -
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
-    for name, mod in stand_ins().items():
-        sys.modules[name] = mod
     cfg = small_config(Path(dataset), Path(out), steps=4, grad_accum=2, eval_interval=4)
     cfg = dataclasses.replace(cfg, warmup_steps=1)
     result = train(cfg)
