@@ -89,6 +89,23 @@ def test_adamw_without_clip_matches_torch_adamw_over_100_steps_float32():
         torch.testing.assert_close(o1.state[a]["exp_avg_sq"], o2.state[b]["exp_avg_sq"])
 
 
+def test_torch_adamw_checkpoint_loads_and_continues_identically():
+    p1, p2 = make_params(), make_params()
+    o1 = torch.optim.AdamW(p1, lr=1e-2, weight_decay=0.1)
+    grads = grad_stream()
+    run(o1, p1, 3, grads)
+    with torch.no_grad():
+        for a, b in zip(p1, p2, strict=True):
+            b.copy_(a)
+    o2 = so.AdamW(p2, lr=1e-2, weight_decay=0.1, clip_c=None)
+    o2.load_state_dict(copy.deepcopy(o1.state_dict()))
+    future = [next(grads) for _ in range(3)]
+    run(o1, p1, 3, iter(future))
+    run(o2, p2, 3, iter(future))
+    for a, b in zip(p1, p2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+
+
 def _reference_run(update, params, steps, grads):
     """Run a per-tensor reference ``update(i, p, g, t)`` (in place) for ``steps`` steps."""
     for t in range(1, steps + 1):

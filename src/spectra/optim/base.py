@@ -392,6 +392,10 @@ class SpectraOptimizer(Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("num_skipped_steps", 0)
+        # Groups saved without some settings (e.g. by torch.optim.AdamW) take the defaults.
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -425,7 +429,8 @@ class SpectraOptimizer(Optimizer):
             if len(state) == 0:
                 state["step"] = 0
                 self._init_state(group, p, state)
-            state["step"] += 1
+            # A plain int (a state loaded from torch optimizers may hold a tensor).
+            state["step"] = int(state["step"]) + 1
             k = state["step"] - 1
             shape = matrix_shape(p, group["clip_params"])
             post = active and shape is not None

@@ -277,6 +277,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-c", type=float, default=10.0, help="post-clipping threshold")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--json", default=None, help="also write the results to this file")
 
@@ -293,6 +294,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("layers", "dim", "hidden", "vocab", "repeats"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CLIError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
     report = run_benchmark(
         shapes,
@@ -304,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         clip_c=args.clip_c,
         measure_memory=not args.no_memory,
     )
-    print(format_table(report))
+    print(format_table(report), flush=True)
     if args.json:
         _write_json(args.json, report)
     return 0
