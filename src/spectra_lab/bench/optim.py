@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -209,11 +210,13 @@ def run_benchmark(
     warmup: int = 1,
     clip_c: float = 10.0,
     measure_memory: bool = True,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run every method on ``shapes``; ratios are relative to ``torch-adamw`` when present."""
     device = torch.device(device)
-    rows = [
-        bench_method(
+    rows = []
+    for m in methods:
+        row = bench_method(
             m,
             shapes,
             device=device,
@@ -223,8 +226,9 @@ def run_benchmark(
             clip_c=clip_c,
             measure_memory=measure_memory,
         )
-        for m in methods
-    ]
+        if progress is not None:
+            progress(row)
+        rows.append(row)
     base = next((r for r in rows if r["method"] == "torch-adamw"), None)
     if base is not None:
         for r in rows:
@@ -308,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         clip_c=args.clip_c,
         measure_memory=not args.no_memory,
+        progress=lambda row: print(f"  done: {row}", file=sys.stderr, flush=True),
     )
     print(format_table(report), flush=True)
     if args.json:
