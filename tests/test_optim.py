@@ -326,6 +326,14 @@ def test_same_shaped_matrices_are_clipped_in_one_batched_call(monkeypatch):
         p.grad = torch.randn_like(p)
     opt.step()
     assert sorted(calls) == [(1, 6, 8), (3, 8, 6)]
+    # A run longer than a quarter of the chunk is split into batches within that cap.
+    qs = make_params(shapes=[(8, 6)] * 6)
+    opt = so.AdamW(qs, clip_c=0.1, chunk_size=400)
+    calls.clear()
+    for q in qs:
+        q.grad = torch.randn_like(q)
+    opt.step()
+    assert calls == [(2, 8, 6)] * 3
 
 
 def test_chunking_does_not_change_the_result():
