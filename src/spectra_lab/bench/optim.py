@@ -6,6 +6,7 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
 * ``torch-adamw``: ``torch.optim.AdamW(foreach=True)``, the baseline;
 * ``spectra-adamw``: ``spectra.AdamW(clip_c=10)`` (the native, chunked and batched step);
 * ``spectra-wrap``: ``spectra.Spectra(torch.optim.AdamW(...), clip_c=10)``;
+* ``spectra-noclip`` (only on request): ``spectra.AdamW(clip_c=None)``;
 * ``paper-wrap``: the clone-and-subtract wrapper of the paper's code, reimplemented: clone every
   matrix, call the base step, recover ``U = (X_k − X_{k+1})/η − λX_k`` and loop over the
   matrices calling ``spectra.ops.soft_clip_paper`` with N_s = 10.
@@ -41,6 +42,9 @@ from spectra.ops import soft_clip_paper
 from spectra_lab.cli import CLIError
 
 METHODS = ("torch-adamw", "spectra-adamw", "spectra-wrap", "paper-wrap")
+#: Extra method: the native step without the clip, to separate the step's own cost from the
+#: operator's.
+EXTRA_METHODS = ("spectra-noclip",)
 
 
 # --------------------------------------------------------------------------- shapes
@@ -152,11 +156,13 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
         return torch.optim.AdamW(params, foreach=True, **kw)
     if method == "spectra-adamw":
         return so.AdamW(params, clip_c=clip_c, **kw)
+    if method == "spectra-noclip":
+        return so.AdamW(params, clip_c=None, **kw)
     if method == "spectra-wrap":
         return so.Spectra(torch.optim.AdamW(params, foreach=True, **kw), clip_c=clip_c)
     if method == "paper-wrap":
         return PaperWrapper(torch.optim.AdamW(params, foreach=True, **kw), clip_c)
-    raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    raise ValueError(f"unknown method {method!r}; expected one of {METHODS + EXTRA_METHODS}")
 
 
 def bench_method(
@@ -275,7 +281,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=int, default=768, help="model width (768)")
     parser.add_argument("--hidden", type=int, default=2048, help="SwiGLU hidden size (2048)")
     parser.add_argument("--vocab", type=int, default=50304, help="vocabulary size (50304)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument(
+        "--methods", nargs="+", choices=METHODS + EXTRA_METHODS, default=list(METHODS)
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per method")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--clip-c", type=float, default=10.0, help="post-clipping threshold")
