@@ -184,3 +184,25 @@ def test_benchmark_runs_on_a_reduced_model_and_reports_ratios():
     assert rows["torch-adamw"]["time_ratio"] == 1.0
     assert rows["spectra-adamw"]["resident_bytes"] <= rows["torch-adamw"]["resident_bytes"]
     assert report["num_params"] == 2 * 100 * 32 + 4 * 32 * 32 + 3 * 64 * 32 + 3 * 32
+
+
+def test_benchmark_command_writes_json(tmp_path, capsys):
+    import argparse
+    import json
+
+    from spectra_lab.bench import optim as bench
+    from spectra_lab.cli import CLIError
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "bench.json"
+    argv = ["--layers", "1", "--dim", "16", "--hidden", "32", "--vocab", "50", "--repeats", "1"]
+    args = parser.parse_args(
+        [*argv, "--methods", "torch-adamw", "spectra-adamw", "--json", str(out)]
+    )
+    assert bench.run(args) == 0
+    report = json.loads(out.read_text())
+    assert [r["method"] for r in report["rows"]] == ["torch-adamw", "spectra-adamw"]
+    assert "spectra-adamw" in capsys.readouterr().out
+    with pytest.raises(CLIError, match="--layers"):
+        bench.run(parser.parse_args(["--layers", "0"]))
