@@ -14,6 +14,17 @@ import torch
 import spectra.optim as so
 from spectra.optim import base as spectra_base
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The test machine is shared; OpenMP threads fighting over its cores slow small steps down
+    # by orders of magnitude.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 SHAPES = [(8, 6), (8, 6), (6, 8), (5,), (3, 4, 2)]
 
 
@@ -76,6 +87,23 @@ def test_adamw_without_clip_matches_torch_adamw_over_100_steps_float32():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(p1, p2, strict=True):
         torch.testing.assert_close(o1.state[a]["exp_avg_sq"], o2.state[b]["exp_avg_sq"])
+
+
+def test_torch_adamw_checkpoint_loads_and_continues_identically():
+    p1, p2 = make_params(), make_params()
+    o1 = torch.optim.AdamW(p1, lr=1e-2, weight_decay=0.1)
+    grads = grad_stream()
+    run(o1, p1, 3, grads)
+    with torch.no_grad():
+        for a, b in zip(p1, p2, strict=True):
+            b.copy_(a)
+    o2 = so.AdamW(p2, lr=1e-2, weight_decay=0.1, clip_c=None)
+    o2.load_state_dict(copy.deepcopy(o1.state_dict()))
+    future = [next(grads) for _ in range(3)]
+    run(o1, p1, 3, iter(future))
+    run(o2, p2, 3, iter(future))
+    for a, b in zip(p1, p2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
 
 
 def _reference_run(update, params, steps, grads):
@@ -298,6 +326,14 @@ def test_same_shaped_matrices_are_clipped_in_one_batched_call(monkeypatch):
         p.grad = torch.randn_like(p)
     opt.step()
     assert sorted(calls) == [(1, 6, 8), (3, 8, 6)]
+    # A run longer than a quarter of the chunk is split into batches within that cap.
+    qs = make_params(shapes=[(8, 6)] * 6)
+    opt = so.AdamW(qs, clip_c=0.1, chunk_size=400)
+    calls.clear()
+    for q in qs:
+        q.grad = torch.randn_like(q)
+    opt.step()
+    assert calls == [(2, 8, 6)] * 3
 
 
 def test_chunking_does_not_change_the_result():

@@ -10,6 +10,17 @@ import torch
 
 import spectra.optim as so
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The test machine is shared; OpenMP threads fighting over its cores slow small steps down
+    # by orders of magnitude.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 OPTIMIZERS = {
     "AdamW": lambda ps, **kw: so.AdamW(ps, lr=5e-2, **kw),
     "Signum": lambda ps, **kw: so.Signum(ps, lr=5e-2, **kw),

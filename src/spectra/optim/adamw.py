@@ -24,18 +24,19 @@ def adam_direction(
     r"""Adam's moment updates and direction, written into ``out``.
 
     ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``,
-    ``U = (m/(1−β₁ᵗ)) / (√v/√(1−β₂ᵗ) + ε)``.
+    ``U = (m/(1−β₁ᵗ)) / (√v/√(1−β₂ᵗ) + ε)``. ``out`` may alias ``grads``.
     """
     torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+    # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars.
+    bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in steps]
     torch._foreach_copy_(out, exp_avg_sqs)
     torch._foreach_sqrt_(out)
-    torch._foreach_div_(out, [math.sqrt(1.0 - beta2**t) for t in steps])
-    torch._foreach_add_(out, eps)
+    torch._foreach_add_(out, [eps * b for b in bc2_sqrt])
     torch._foreach_reciprocal_(out)
     torch._foreach_mul_(out, exp_avgs)
-    torch._foreach_div_(out, [1.0 - beta1**t for t in steps])
+    torch._foreach_mul_(out, [b / (1.0 - beta1**t) for b, t in zip(bc2_sqrt, steps, strict=True)])
 
 
 class AdamW(SpectraOptimizer):

@@ -62,6 +62,11 @@ SPECTRA_DEFAULTS: dict[str, Any] = {
     "peak_lr": None,
 }
 
+#: One operator call gets at most ``max(one matrix, chunk / OPERATOR_BATCH_FRACTION)`` elements:
+#: the operators' float64 temporaries for a batch of square matrices are several times the
+#: batch, and this keeps them below those of the largest single matrix.
+OPERATOR_BATCH_FRACTION = 4
+
 #: ``chunk_size=None`` processes a group in chunks of ``max(largest parameter, group size / 8)``
 #: elements, keeping a step's transient memory below the single full-size temporary of
 #: ``torch.optim.AdamW(foreach=True)``.
@@ -238,9 +243,10 @@ def grads_finite(grads: Iterable[Tensor]) -> bool:
     for g in grads:
         by_device.setdefault(g.device, []).append(g)
     for gs in by_device.values():
-        # The max-abs norm never overflows for finite input, and is nan/inf otherwise.
-        norms = torch._foreach_norm(gs, ord=math.inf)
-        if not bool(torch.stack([n.float() for n in norms]).isfinite().all()):
+        # min and max are finite exactly when every entry is (nan propagates), and unlike a
+        # norm they cannot overflow for finite input.
+        extremes = [v.reshape(1).float() for g in gs if g.numel() for v in torch.aminmax(g)]
+        if extremes and not bool(torch.cat(extremes).isfinite().all()):
             return False
     return True
 
@@ -269,6 +275,18 @@ def _runs(items: list, key: Callable[[Any], Any]) -> list[tuple[int, int]]:
             runs.append((start, i))
             start = i
     return runs
+
+
+def _batches(runs: list[tuple[int, int]], per_item: list[int], cap: int):
+    """Split runs so that each batch holds at most ``cap`` elements (and at least one item)."""
+    for a, b in runs:
+        start, size = a, 0
+        for i in range(a, b):
+            if i > start and size + per_item[i] > cap:
+                yield start, i
+                start, size = i, 0
+            size += per_item[i]
+        yield start, b
 
 
 def handle_nonfinite(opt: Optimizer, grads: list[Tensor], policy: str) -> bool:
@@ -391,6 +409,10 @@ class SpectraOptimizer(Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("num_skipped_steps", 0)
+        # Groups saved without some settings (e.g. by torch.optim.AdamW) take the defaults.
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -424,7 +446,8 @@ class SpectraOptimizer(Optimizer):
             if len(state) == 0:
                 state["step"] = 0
                 self._init_state(group, p, state)
-            state["step"] += 1
+            # A plain int (a state loaded from torch optimizers may hold a tensor).
+            state["step"] = int(state["step"]) + 1
             k = state["step"] - 1
             shape = matrix_shape(p, group["clip_params"])
             post = active and shape is not None
@@ -461,14 +484,16 @@ class SpectraOptimizer(Optimizer):
                 e.p.device == entries[start].p.device and e.p.dtype == entries[start].p.dtype
             )
             if i > start and (size + n > budget or not same_kind):
-                self._step_chunk(group, entries[start:i])
+                self._step_chunk(group, entries[start:i], budget)
                 start, size = i, 0
             size += n
         if start < len(entries):
-            self._step_chunk(group, entries[start:])
+            self._step_chunk(group, entries[start:], budget)
 
-    def _step_chunk(self, group: dict[str, Any], chunk: list[_Entry]) -> None:
+    def _step_chunk(self, group: dict[str, Any], chunk: list[_Entry], budget: int) -> None:
         p0 = chunk[0].p
+        sizes = [e.p.numel() for e in chunk]
+        cap = budget // OPERATOR_BATCH_FRACTION
         offsets = [0]
         for e in chunk:
             offsets.append(offsets[-1] + e.p.numel())
@@ -477,7 +502,7 @@ class SpectraOptimizer(Optimizer):
         grads = [e.grad for e in chunk]
 
         # Pre-clipping: one soft_clip call per run of same-shaped gradients.
-        for a, b in _runs(chunk, key=lambda e: (e.shape, e.c_pre)):
+        for a, b in _batches(_runs(chunk, key=lambda e: (e.shape, e.c_pre)), sizes, cap):
             c, shape = chunk[a].c_pre, chunk[a].shape
             if c is None or shape is None:
                 continue
@@ -491,16 +516,29 @@ class SpectraOptimizer(Optimizer):
         del grads
 
         # Post operator: the directions of a run of same-shaped matrices are contiguous in
-        # ``flat``, so the batch is a view and the operator is called once per run.
-        updates: list[Tensor] = list(out)
-        for a, b in _runs(chunk, key=lambda e: (e.post, e.shape, e.c_post)):
+        # ``flat``, so a batch is a view and the operator is called once per batch (a run, split
+        # only when it exceeds the operator cap). Each batch is applied at once, so that only
+        # one operator output is alive at a time.
+        plain = []
+        for a, b in _batches(_runs(chunk, key=lambda e: (e.post, e.shape, e.c_post)), sizes, cap):
             if not chunk[a].post:
+                plain.extend(range(a, b))
                 continue
             m, n = chunk[a].shape
             U = flat[offsets[a] : offsets[b]].view(b - a, m, n)
             Y = spectral_post(U, group, chunk[a].c_post)
-            for j, e in enumerate(chunk[a:b]):
-                updates[a + j] = Y[j].view(e.p.shape)
-        apply_update(
-            [e.p for e in chunk], updates, [e.coef for e in chunk], [e.decay for e in chunk]
-        )
+            run = chunk[a:b]
+            apply_update(
+                [e.p for e in run],
+                [Y[j].view(e.p.shape) for j, e in enumerate(run)],
+                [e.coef for e in run],
+                [e.decay for e in run],
+            )
+            del Y
+        if plain:
+            apply_update(
+                [chunk[i].p for i in plain],
+                [out[i] for i in plain],
+                [chunk[i].coef for i in plain],
+                [chunk[i].decay for i in plain],
+            )

@@ -1,0 +1,208 @@
+"""``spectra.Spectra`` around torch optimizers, and the memory of a SPECTRA step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import spectra.optim as so
+from spectra_lab.bench.optim import (
+    PaperWrapper,
+    cpu_step_peak_bytes,
+    live_bytes,
+    llama_shapes,
+    optimizer_tensors,
+    run_benchmark,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The test machine is shared; OpenMP threads fighting over its cores slow small steps down
+    # by orders of magnitude.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_params(shapes, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes
+    ]
+
+
+def feed(params, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+
+
+SHAPES = [(9, 4), (9, 4), (4, 9), (6,), (2, 3, 3)]
+
+
+@pytest.mark.parametrize("post", ["clip", "orth"])
+def test_wrapper_around_torch_adamw_equals_spectra_adamw(post):
+    kw = {"clip_c": 0.3, "post": post, "warmup_steps": 3, "pre_clip_c": 1.5}
+    p1, p2 = make_params(SHAPES), make_params(SHAPES)
+    o1 = so.AdamW(p1, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.2, **kw)
+    o2 = so.Spectra(torch.optim.AdamW(p2, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.2), **kw)
+    s1 = torch.optim.lr_scheduler.LambdaLR(o1, so.wsd_schedule(3, 12))
+    s2 = torch.optim.lr_scheduler.LambdaLR(o2, so.wsd_schedule(3, 12))
+    for k in range(12):
+        feed(p1, k)
+        feed(p2, k)
+        o1.step()
+        o2.step()
+        s1.step()
+        s2.step()
+    for a, b in zip(p1, p2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_wrapper_without_clip_reproduces_torch_sgd_with_momentum():
+    p1, p2 = make_params(SHAPES), make_params(SHAPES)
+    o1 = so.Spectra(torch.optim.SGD(p1, lr=0.05, momentum=0.9, nesterov=True), clip_c=None)
+    o2 = torch.optim.SGD(p2, lr=0.05, momentum=0.9, nesterov=True)
+    for k in range(10):
+        feed(p1, k)
+        feed(p2, k)
+        o1.step()
+        o2.step()
+    for a, b in zip(p1, p2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+
+
+def test_wrapper_is_a_full_optimizer():
+    ps = make_params(SHAPES)
+    base = torch.optim.AdamW(ps[:3], lr=1e-2)
+    opt = so.Spectra(base, clip_c=1.0)
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert opt.param_groups is base.param_groups
+    assert "Spectra(AdamW)" in repr(opt) and "clip_c: 1.0" in repr(opt)
+
+    opt.add_param_group({"params": ps[3:], "lr": 1e-3, "clip_c": 2.0})
+    assert len(base.param_groups) == 2 and base.param_groups[1]["clip_c"] == 2.0
+    assert base.param_groups[1]["betas"] == (0.9, 0.999)  # base defaults filled in
+
+    seen = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.append("pre"))
+    opt.register_step_post_hook(lambda o, a, k: seen.append("post"))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    feed(ps, 0)
+    opt.step()
+    sched.step()
+    assert seen == ["pre", "post"]
+    assert base.param_groups[0]["lr"] == pytest.approx(5e-3)
+    opt.zero_grad()
+    assert all(p.grad is None for p in ps)
+
+    clone = copy.deepcopy(opt)
+    assert clone.param_groups is clone.base.param_groups
+
+
+def test_wrapper_rejects_bad_arguments():
+    ps = make_params(SHAPES)
+    with pytest.raises(ValueError, match="Optimizer"):
+        so.Spectra(ps)
+    with pytest.raises(ValueError, match="-1"):
+        so.Spectra(torch.optim.AdamW(ps), clip_c=-1.0)
+    with pytest.raises(ValueError, match="already"):
+        so.Spectra(so.Spectra(torch.optim.AdamW(ps)))
+    with pytest.raises(ValueError, match="bad_key"):
+        so.Spectra(torch.optim.AdamW(ps), bad_key=1)
+
+
+def test_wrapper_reads_per_group_settings_from_the_base_groups():
+    p1, p2 = make_params(SHAPES), make_params(SHAPES)
+    groups = [{"params": p1[:2], "clip_c": 0.1}, {"params": p1[2:], "clip_c": None}]
+    o1 = so.Spectra(torch.optim.AdamW(groups, lr=1e-2))
+    o2 = so.AdamW(
+        [{"params": p2[:2], "clip_c": 0.1}, {"params": p2[2:], "clip_c": None}],
+        lr=1e-2,
+        weight_decay=0.01,
+    )
+    for k in range(4):
+        feed(p1, k)
+        feed(p2, k)
+        o1.step()
+        o2.step()
+    for a, b in zip(p1, p2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+MEM_SHAPES = [(256, 128)] * 8 + [(128, 256)] * 4 + [(512, 128)] * 2 + [(128,)] * 6
+
+
+def _transient(make, shapes=MEM_SHAPES):
+    ps = make_params(shapes, dtype=torch.float32)
+    opt = make(ps)
+    feed(ps, 0)
+    opt.step()  # the state exists from here on
+    feed(ps, 1)
+    return live_bytes(optimizer_tensors(ps, opt)), cpu_step_peak_bytes(opt.step), ps
+
+
+def test_native_step_peak_memory_within_10_percent_of_torch_adamw_foreach():
+    resident_t, transient_t, _ = _transient(
+        lambda ps: torch.optim.AdamW(ps, foreach=True, weight_decay=0.1)
+    )
+    resident_s, transient_s, ps = _transient(lambda ps: so.AdamW(ps, clip_c=0.01))
+    # No state beyond AdamW's two moments (torch also keeps a 4-byte step tensor per param).
+    assert resident_t - 4 * len(ps) <= resident_s <= resident_t
+    assert resident_s + transient_s <= 1.10 * (resident_t + transient_t)
+    # torch's transient is one full-size temporary; ours is bounded by the chunks.
+    param_bytes = sum(p.numel() * 4 for p in ps)
+    assert transient_t >= param_bytes
+
+
+def test_wrapper_keeps_no_copy_of_the_parameters():
+    shapes = [(64, 48)] * 30 + [(48,)] * 4
+    _, transient_w, ps = _transient(
+        lambda ps: so.Spectra(torch.optim.AdamW(ps, weight_decay=0.1), clip_c=0.01), shapes
+    )
+    _, transient_p, _ = _transient(
+        lambda ps: PaperWrapper(torch.optim.AdamW(ps, weight_decay=0.1), clip_c=0.01), shapes
+    )
+    param_bytes = sum(p.numel() * 4 for p in ps)
+    largest = max(p.numel() * 4 for p in ps)
+    assert transient_w < 0.5 * param_bytes
+    assert transient_w <= 12 * largest  # a few temporaries of one parameter, float64 included
+    assert transient_p > param_bytes  # the clone-and-subtract baseline copies every matrix
+
+
+def test_benchmark_runs_on_a_reduced_model_and_reports_ratios():
+    report = run_benchmark(llama_shapes(1, 32, 64, 100), repeats=1, warmup=1)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert set(rows) == {"torch-adamw", "spectra-adamw", "spectra-wrap", "paper-wrap"}
+    assert rows["torch-adamw"]["time_ratio"] == 1.0
+    assert rows["spectra-adamw"]["resident_bytes"] <= rows["torch-adamw"]["resident_bytes"]
+    assert report["num_params"] == 2 * 100 * 32 + 4 * 32 * 32 + 3 * 64 * 32 + 3 * 32
+
+
+def test_benchmark_command_writes_json(tmp_path, capsys):
+    import argparse
+    import json
+
+    from spectra_lab.bench import optim as bench
+    from spectra_lab.cli import CLIError
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "bench.json"
+    argv = ["--layers", "1", "--dim", "16", "--hidden", "32", "--vocab", "50", "--repeats", "1"]
+    args = parser.parse_args(
+        [*argv, "--methods", "torch-adamw", "spectra-adamw", "--json", str(out)]
+    )
+    assert bench.run(args) == 0
+    report = json.loads(out.read_text())
+    assert [r["method"] for r in report["rows"]] == ["torch-adamw", "spectra-adamw"]
+    assert "spectra-adamw" in capsys.readouterr().out
+    with pytest.raises(CLIError, match="--layers"):
+        bench.run(parser.parse_args(["--layers", "0"]))
