@@ -287,8 +287,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     elif suffix == ".toml":
         try:
             import tomllib
-        except ImportError:  # Python 3.10
-            raise ConfigError("TOML config files need Python >= 3.11; use YAML") from None
+        except ImportError:  # Python 3.10: the same parser, packaged as tomli
+            import tomli as tomllib
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
