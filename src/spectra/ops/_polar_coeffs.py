@@ -5,7 +5,6 @@ spectra.ops.polar. SOFT_*[j] is the schedule that starts from the interval
 [SOFT_ELL0[j], 1]; ELLS/UPPERS hold the interval before each step and after the last.
 """
 
-
 SOFT_ELL0 = (
     0.31622776601683794,
     0.1,

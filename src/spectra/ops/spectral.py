@@ -23,6 +23,7 @@ dtype and device.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -187,6 +188,73 @@ def _pow2_scale(X: Tensor) -> Tensor:
     return torch.exp2(torch.floor(torch.log2(safe)))
 
 
+@dataclass
+class _PolarPlan:
+    Xh: Tensor  # X / scale in the Gram precision
+    G: Tensor  # Xh Xhᵀ
+    G2: Tensor  # G²
+    scale: Tensor  # power of two per matrix (float64)
+    r: Tensor  # s_max/c in original units (float64, may be inf)
+    w_id: Tensor  # max(1/α, 1/α_cap)
+    w_g: Tensor  # (1 − 1/α)/s²_max, scaled units
+    lam_safe: Tensor  # s²_max (scaled units), 1 where 0
+    alpha: float  # largest α over the batch
+    dtype: torch.dtype  # working precision of the iteration
+    coeffs: tuple[tuple[float, float, float], ...]  # the quintics to run
+
+
+def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> _PolarPlan:
+    """Scale, Gram matrices, α bound, working precision and schedule for ``soft_clip_polar``."""
+    scale = _pow2_scale(Xw)
+    gram_dtype = torch.float64 if (Xw.dtype == torch.float64 or dtype == torch.float64) else None
+
+    def gram(gd: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        Xh = (Xw.to(torch.float64) / scale).to(gd)  # exact: scale is a power of two
+        G = Xh @ Xh.mT
+        G2 = G @ G
+        G64 = G.to(torch.float64)
+        fro = torch.linalg.matrix_norm(G64, ord="fro")
+        gersh = G64.abs().sum(dim=-1).amax(dim=-1)
+        fro2 = torch.linalg.matrix_norm(G2.to(torch.float64), ord="fro").sqrt()
+        lam = torch.minimum(torch.minimum(fro, gersh), fro2)
+        return Xh, G, G2, lam
+
+    Xh, G, G2, lam = gram(gram_dtype or torch.float32)
+    # r² = s²_max/c² in the original units; α = 1 + r². Everything below stays finite for
+    # any finite X and c: w_id = 1/α and w_G = (1 − 1/α)/s²_max (scaled units).
+    scale0 = scale.squeeze(-1).squeeze(-1)
+    r = lam.sqrt() * (scale0 / c)  # may be inf for tiny c
+    w_id = torch.reciprocal(1.0 + r * r)
+    w_id = torch.where(torch.isinf(r), torch.zeros_like(w_id), w_id)
+    lam_safe = torch.where(lam > 0, lam, torch.ones_like(lam))
+    w_g = torch.where(lam > 0, (1.0 - w_id) / lam_safe, torch.zeros_like(lam))
+    alpha_max = float((1.0 / w_id.clamp_min(1e-300)).max())  # one host sync per call
+    if dtype is not None:
+        wd = dtype
+    elif Xw.dtype == torch.float64 or alpha_max > POLAR_FP32_MAX_ALPHA:
+        wd = torch.float64
+    else:
+        wd = torch.float32
+    if wd == torch.float64 and G.dtype != torch.float64:
+        Xh, G, G2, _ = gram(torch.float64)
+    w_floor = 1.0 / POLAR_MAX_ALPHA.get(wd, 1e2)
+    coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
+    return _PolarPlan(
+        Xh, G, G2, scale, r, w_id.clamp_min(w_floor), w_g, lam_safe, alpha_max, wd, coeffs
+    )
+
+
+def polar_steps(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> tuple[int, torch.dtype]:
+    """Quintic steps and working precision ``soft_clip(X, c, method="polar")`` would use."""
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    if X.dim() < 2:
+        return 0, compute_dtype(X)
+    Xw, _ = wide_view(X)
+    plan = _polar_plan(Xw, c, tol, None)
+    return len(plan.coeffs), plan.dtype
+
+
 def soft_clip_polar(
     X: Tensor, c: float, *, tol: float = POLAR_TOL, dtype: torch.dtype | None = None
 ) -> Tensor:
@@ -219,41 +287,10 @@ def soft_clip_polar(
     Xw, transposed = wide_view(X)
     if Xw.numel() == 0:
         return X.clone()
-    scale = _pow2_scale(Xw)
-    gram_dtype = torch.float64 if (X.dtype == torch.float64 or dtype == torch.float64) else None
-
-    def gram(gd: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        Xh = (Xw.to(torch.float64) / scale).to(gd)  # exact: scale is a power of two
-        G = Xh @ Xh.mT
-        G2 = G @ G
-        G64 = G.to(torch.float64)
-        fro = torch.linalg.matrix_norm(G64, ord="fro")
-        gersh = G64.abs().sum(dim=-1).amax(dim=-1)
-        fro2 = torch.linalg.matrix_norm(G2.to(torch.float64), ord="fro").sqrt()
-        lam = torch.minimum(torch.minimum(fro, gersh), fro2)
-        return Xh, G, G2, lam
-
-    Xh, G, G2, lam = gram(gram_dtype or torch.float32)
-    # r² = s²_max/c² in the original units; α = 1 + r². Everything below stays finite for
-    # any finite X and c: w_id = 1/α and w_G = (1 − 1/α)/s²_max (scaled units).
-    r = lam.sqrt() * (scale.squeeze(-1).squeeze(-1) / c)  # may be inf for tiny c
-    w_id = torch.reciprocal(1.0 + r * r)
-    w_id = torch.where(torch.isinf(r), torch.zeros_like(w_id), w_id)
-    lam_safe = torch.where(lam > 0, lam, torch.ones_like(lam))
-    w_g = torch.where(lam > 0, (1.0 - w_id) / lam_safe, torch.zeros_like(lam))
-    alpha_max = float((1.0 / w_id.clamp_min(1e-300)).max())
-    if dtype is not None:
-        wd = dtype
-    elif X.dtype == torch.float64 or alpha_max > POLAR_FP32_MAX_ALPHA:
-        wd = torch.float64
-    else:
-        wd = torch.float32
-    if wd == torch.float64 and G.dtype != torch.float64:
-        Xh, G, G2, _ = gram(torch.float64)
-    w_floor = 1.0 / POLAR_MAX_ALPHA.get(wd, 1e2)
-    w_id_eff = w_id.clamp_min(w_floor)
-    coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
-    wi, wg = w_id_eff[..., None, None], w_g[..., None, None]
+    plan = _polar_plan(Xw, c, tol, dtype)
+    Xh, G, G2, wd, coeffs = plan.Xh, plan.G, plan.G2, plan.dtype, plan.coeffs
+    w_id, w_g, r, lam_safe, scale = plan.w_id, plan.w_g, plan.r, plan.lam_safe, plan.scale
+    wi, wg = w_id[..., None, None], w_g[..., None, None]
     eye = torch.eye(G.shape[-1], dtype=torch.float64, device=G.device)
     G64 = G.to(torch.float64)
     M_hat = wg * G64 + wi * eye

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops import orthogonalize, soft_clip
+from spectra.ops.spectral import polar_steps
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "768x768": (768, 768),
@@ -74,14 +75,11 @@ def make_input(kind: str, shape: tuple[int, ...], seed: int = 0) -> Tensor:
     return X + SPIKE_OVER_C * CLIP_C * (u @ w)
 
 
-def reference_soft_clip(X: Tensor, c: float) -> Tensor:
+def references(X: Tensor, c: float) -> dict[str, Tensor]:
+    """``H_c(X)`` and ``UVᵀ`` from one float64 SVD of X."""
     U, S, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
-    return (U * (S / torch.sqrt(1.0 + (S / c) ** 2)).unsqueeze(-2)) @ Vh
-
-
-def reference_orth(X: Tensor) -> Tensor:
-    U, _, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
-    return U @ Vh
+    soft = (U * (S / torch.sqrt(1.0 + (S / c) ** 2)).unsqueeze(-2)) @ Vh
+    return {"soft": soft, "orth": U @ Vh}
 
 
 def rel_err(Y: Tensor, ref: Tensor) -> float:
@@ -142,7 +140,7 @@ def run_bench(
     bar = tqdm(total=len(jobs) * len(table), disable=not progress, desc="bench ops")
     for shape_name, dtype_name, kind in jobs:
         X = make_input(kind, shapes[shape_name]).to(DTYPES[dtype_name]).to(device)
-        refs = {"soft": reference_soft_clip(X, c), "orth": reference_orth(X)}
+        refs = references(X, c)
         row: list[tuple[str, float, int, float]] = []
         for name, (ref_kind, fn) in table.items():
             bar.set_postfix_str(f"{shape_name} {dtype_name} {kind} {name}")
@@ -171,6 +169,54 @@ def to_markdown(cells: list[Cell]) -> str:
             cell = by_name[name]
             parts.append(f"{cell.time_ms:.4g} ms (×{cell.vs_paper_fp32:.2f}) {cell.rel_err:.1e}")
         lines.append(f"| {shape} | {dtype} | {kind} | " + " | ".join(parts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def matmul_flops(method: str, shape: tuple[int, ...], steps: int = 0, fp64_redo: bool = False):
+    """Flops of the matrix products of a matmul-only method (2·m·k·n per product).
+
+    ``paper``: Gram + final product (``2m²n`` each) and 3 products of ``m × m`` per step, 10
+    steps. ``polar``: the same two ``m²n`` products, ``G²`` and ``4K − 4`` products for ``K ≥ 1``
+    steps (plus the float32 Gram matrix and ``G²`` recomputed in float64 when ``α > 1e5``).
+    ``orth``: ``K`` steps of ``XXᵀ``, ``A²`` and ``BX``.
+    """
+    *batch, m, n = shape
+    m, n = min(m, n), max(m, n)
+    count = math.prod(batch) if batch else 1
+    mn, mm = 2 * m * m * n, 2 * m**3
+    if method == "paper":
+        total = 2 * mn + 30 * mm
+    elif method == "polar":
+        total = 2 * mn + mm * (1 + max(0, 4 * steps - 4))
+        if fp64_redo:
+            total += mn + mm
+    elif method == "orth":
+        total = steps * (2 * mn + mm)
+    else:
+        raise ValueError(f"no flop count for {method!r}")
+    return count * total
+
+
+def flop_table(shapes: dict[str, tuple[int, ...]], inputs: tuple[str, ...]) -> str:
+    """Markdown table: GFLOP of the matmul-only methods and polar's steps on each input."""
+    lines = [
+        "| shape | input | polar steps K (precision) | polar GFLOP | paper GFLOP (N_s=10) "
+        "| polar/paper | orth 5 steps GFLOP |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for shape_name, shape in shapes.items():
+        for kind in inputs:
+            X = make_input(kind, shape).to(torch.float32)
+            K, wd = polar_steps(X, CLIP_C)
+            redo = wd == torch.float64
+            polar = matmul_flops("polar", shape, K, fp64_redo=redo)
+            paper = matmul_flops("paper", shape)
+            orth = matmul_flops("orth", shape, 5)
+            lines.append(
+                f"| {shape_name} | {kind} | {K} ({str(wd).removeprefix('torch.')}) "
+                f"| {polar / 1e9:.1f} | {paper / 1e9:.1f} | {polar / paper:.2f} "
+                f"| {orth / 1e9:.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -208,6 +254,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if any)")
     parser.add_argument("--out", default=None, help="write the table to FILE (.json or .md)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--flops", action="store_true", help="print the matmul flop counts only (no timing)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,6 +277,9 @@ def run(args: argparse.Namespace) -> int:
     if device_name.startswith("cuda") and not torch.cuda.is_available():
         raise CLIError(f"--device {device_name}: CUDA is not available")
     device = torch.device(device_name)
+    if args.flops:
+        print(flop_table(shapes, inputs), end="")
+        return 0
     cells = run_bench(
         shapes, dtypes, inputs, repeats, args.budget, device, progress=not args.no_progress
     )
