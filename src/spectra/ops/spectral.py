@@ -400,7 +400,7 @@ def newton_schulz_quintic(
 
     ``X₀ = X/(‖X‖_F + ε)``, then ``A = XXᵀ``, ``X ← aX + (bA + cA²)X`` for ``steps`` steps
     in ``dtype``. With the classic coefficients the singular values of the result lie in
-    roughly [0.68, 1.13] rather than at 1 (K. Jordan, "Muon", 2024).
+    in [0.68, 1.14] for ``σ/‖X‖_F ≥ 10⁻²`` rather than at 1 (K. Jordan, "Muon", 2024).
     """
     Xw, transposed = wide_view(X)
     a, b, cc = coeffs
@@ -422,9 +422,8 @@ def polar_express(
     ``X₀ = X/(safety·‖X‖_F)``, then ``A = XXᵀ``, ``X ← aₖX + (bₖA + cₖA²)X`` with the
     hard-coded schedule designed for singular values in ``[10⁻³, 1]``. After ``K`` steps every
     singular value with ``σ/(safety·‖X‖_F) ≥ 10⁻³`` lies in the band
-    :func:`spectra.ops.polar.polar_express_band` ``(K)`` (exact arithmetic): ≈ [0.887, 1.113]
-    for 5 steps, [0.9991, 1.0009] for 6. Smaller ones are mapped monotonically into
-    ``[0, 1.113]``.
+    :func:`spectra.ops.polar.polar_express_band` ``(K)`` (exact arithmetic): [0.876, 1.124]
+    for 5 steps, [0.9986, 1.0014] for 6. Smaller ones end in ``(0, 1.124]``.
     """
     coeffs = ORTH_COEFFS
     if not 0 <= steps <= len(coeffs):
@@ -455,9 +454,10 @@ def orthogonalize(
         method: ``"auto"``/``"svd"`` (exact: float64 SVD, singular values zero below
             ``σ_max · max(m, n) · ε₆₄`` stay zero), ``"muon"`` (the classic quintic
             Newton–Schulz, ``steps`` steps in ``ns_dtype``, default bfloat16; singular values
-            with ``σ/‖X‖_F ≥ 10⁻³`` end in ≈ [0.68, 1.12] after 5 steps), or
+            with ``σ/‖X‖_F ≥ 10⁻²`` end in [0.68, 1.14] after 5 steps, those ``≥ 10⁻³`` in
+            [0.47, 1.21]), or
             ``"polar_express"`` (greedy minimax quintics, ``steps`` steps in ``ns_dtype``,
-            default float32; band ≈ [0.887, 1.113] after 5 steps, [0.9991, 1.0009] after 6,
+            default float32; band [0.876, 1.124] after 5 steps, [0.9986, 1.0014] after 6,
             for ``σ/‖X‖_F ≥ 10⁻³``). The bands are computed in docs/operators.md.
         steps: iterations of the ``"muon"``/``"polar_express"`` schedules.
         ns_dtype: working precision of the iterative methods.

@@ -24,7 +24,13 @@ class _LazyParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         if self.lazy_module is not None:
             module, self.lazy_module = self.lazy_module, None
-            importlib.import_module(module).add_arguments(self)
+            try:
+                loaded = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:
+                    raise
+                self.error(f"this benchmark is not available ({module} is missing)")
+            loaded.add_arguments(self)
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # one line, exit code 2, like the main parser
