@@ -10,8 +10,10 @@ Methods and Their Application to the Muon Algorithm" (Amsel, Persson, Musco and 
 at step ``k`` the quintic minimises ``max_{s ∈ [ℓ_k, u_k]} |1 − p(s)|``, and the next interval
 is ``[min p, max p]`` over ``[ℓ_k, u_k]``. Each minimax problem is solved offline as a linear
 program on a fine grid refined with the polynomial's critical points (:func:`greedy_schedule`,
-needs scipy); the resulting tables are hard-coded in ``spectra.ops._polar_coeffs`` and can be
-regenerated with ``python -m spectra.ops.polar``.
+needs scipy), with the paper's cushioning and a 1 % margin at the top of wide intervals for
+robustness to rounding (:func:`greedy_schedule`). The resulting tables are hard-coded in
+``spectra.ops._polar_coeffs``; ``python -m spectra.ops.polar`` regenerates them (then run
+``ruff format`` on the file).
 
 **Soft clipping.** With ``M = I + XXᵀ/c²`` (``m ≤ n``), ``α ≥ λ_max(M)`` and ``M̂ = M/α``
 (eigenvalues in ``[1/α, 1]``), the coupled iteration ``Z₀ = I``, ``Y₀ = M̂``,
@@ -37,8 +39,10 @@ from spectra.ops import _polar_coeffs as _tables
 
 __all__ = [
     "ORTH_COEFFS",
+    "coupled_inverse_sqrt",
     "greedy_schedule",
     "inverse_sqrt_schedule",
+    "minimax_quintic",
     "polar_express_band",
 ]
 
