@@ -29,7 +29,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from spectra.ops._common import check_matrix_input, check_threshold, compute_dtype, wide_view
+from spectra.ops._common import (
+    check_matrix_input,
+    check_threshold,
+    compute_dtype,
+    single_thread_lapack,
+    wide_view,
+)
 from spectra.ops.polar import (
     ORTH_COEFFS,
     coupled_inverse_sqrt,
@@ -81,7 +87,8 @@ def _gram_eigh(Xw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     Xh = X64 / safe
     G = Xh @ Xh.mT
-    mu, Q = torch.linalg.eigh(G)
+    with single_thread_lapack(G.device):
+        mu, Q = torch.linalg.eigh(G)
     sigma = mu.clamp_min(0.0).sqrt() * safe.squeeze(-1)
     return Q, sigma, safe
 

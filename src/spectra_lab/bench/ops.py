@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops import orthogonalize, soft_clip
+from spectra.ops._common import single_thread_lapack
 from spectra.ops.spectral import polar_steps
 
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -77,7 +78,8 @@ def make_input(kind: str, shape: tuple[int, ...], seed: int = 0) -> Tensor:
 
 def references(X: Tensor, c: float) -> dict[str, Tensor]:
     """``H_c(X)`` and ``UVᵀ`` from one float64 SVD of X."""
-    U, S, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
+    with single_thread_lapack(X.device):
+        U, S, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
     soft = (U * (S / torch.sqrt(1.0 + (S / c) ** 2)).unsqueeze(-2)) @ Vh
     return {"soft": soft, "orth": U @ Vh}
 
@@ -130,11 +132,12 @@ def run_bench(
     budget_s: float,
     device: torch.device,
     progress: bool = True,
+    only: tuple[str, ...] | None = None,
 ) -> list[Cell]:
     from tqdm import tqdm
 
     c = CLIP_C
-    table = methods(c)
+    table = {k: v for k, v in methods(c).items() if only is None or k in only}
     cells: list[Cell] = []
     jobs = [(s, d, k) for s in shapes for d in dtypes for k in inputs]
     bar = tqdm(total=len(jobs) * len(table), disable=not progress, desc="bench ops")
@@ -147,7 +150,7 @@ def run_bench(
             Y, t, n = _timed(fn, X, repeats, budget_s)
             row.append((name, t, n, rel_err(Y, refs[ref_kind])))
             bar.update()
-        t_paper = next(t for name, t, _, _ in row if name == "paper_fp32")
+        t_paper = next((t for name, t, _, _ in row if name == "paper_fp32"), math.nan)
         for name, t, n, err in row:
             cells.append(Cell(shape_name, dtype_name, kind, name, 1e3 * t, n, t / t_paper, err))
     bar.close()
@@ -250,6 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget", type=float, default=20.0, help="stop repeating a cell after this many s"
     )
+    parser.add_argument(
+        "--methods", nargs="+", choices=list(methods(1.0)), default=None, help="subset"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one repeat")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if any)")
     parser.add_argument("--out", default=None, help="write the table to FILE (.json or .md)")
@@ -280,8 +286,9 @@ def run(args: argparse.Namespace) -> int:
     if args.flops:
         print(flop_table(shapes, inputs), end="")
         return 0
+    only = tuple(args.methods) if args.methods else None
     cells = run_bench(
-        shapes, dtypes, inputs, repeats, args.budget, device, progress=not args.no_progress
+        shapes, dtypes, inputs, repeats, args.budget, device, not args.no_progress, only
     )
     header = (
         f"device={device_name} threads={torch.get_num_threads()} torch={torch.__version__} "
