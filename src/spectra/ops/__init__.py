@@ -8,8 +8,10 @@ from spectra.ops.spectral import (
     misr,
     newton_schulz_quintic,
     orthogonalize,
+    polar_express,
     soft_clip,
     soft_clip_paper,
+    soft_clip_polar,
 )
 
 __all__ = [
@@ -20,7 +22,9 @@ __all__ = [
     "misr",
     "newton_schulz_quintic",
     "orthogonalize",
+    "polar_express",
     "soft_clip",
     "soft_clip_paper",
+    "soft_clip_polar",
     "spectral_lmo",
 ]

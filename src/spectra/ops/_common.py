@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from numbers import Real
 
 import torch
@@ -43,3 +45,24 @@ def wide_view(X: Tensor) -> tuple[Tensor, bool]:
 def compute_dtype(X: Tensor) -> torch.dtype:
     """Working dtype for products on X: at least float32."""
     return torch.float64 if X.dtype == torch.float64 else torch.float32
+
+
+@contextlib.contextmanager
+def single_thread_lapack(device: torch.device) -> Iterator[None]:
+    """Run CPU LAPACK calls (eigh) on one intra-op thread, then restore the thread count.
+
+    MKL's threaded symmetric eigensolver synchronises its threads many times per call; when
+    the CPU is shared with other processes each synchronisation waits for a descheduled
+    thread, and a 768 x 768 float64 eigh took 11.6 s with 2 threads against 0.11 s with one
+    (docs/operators.md). The thread count is process-wide, so concurrent torch work in other
+    Python threads runs single-threaded meanwhile.
+    """
+    old = torch.get_num_threads()
+    if device.type != "cpu" or old == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -1,0 +1,1 @@
+"""Benchmarks: ``spectra bench ops`` (spectral operators) and ``spectra bench optim``."""

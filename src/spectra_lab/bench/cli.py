@@ -1,0 +1,54 @@
+"""``spectra bench``: dispatch to the operator and optimizer benchmarks.
+
+Each benchmark module provides ``add_arguments(parser)`` and ``run(args) -> int``. A module is
+imported only when its sub-subcommand is parsed, so ``spectra bench ops`` never imports the
+optimizer benchmark and ``spectra bench --help`` imports neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "ops": ("spectra_lab.bench.ops", "time and accuracy of the spectral operators"),
+    "optim": ("spectra_lab.bench.optim", "time and memory per step of the optimizers"),
+}
+
+
+class _LazyParser(argparse.ArgumentParser):
+    """A sub-parser that imports its module and adds its arguments on first use."""
+
+    lazy_module: str | None = None
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self.lazy_module is not None:
+            module, self.lazy_module = self.lazy_module, None
+            try:
+                loaded = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:
+                    raise
+                self.error(f"this benchmark is not available ({module} is missing)")
+            loaded.add_arguments(self)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> None:  # one line, exit code 2, like the main parser
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH", parser_class=_LazyParser)
+    for name, (module, help_text) in BENCHMARKS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.lazy_module = module
+        p.set_defaults(bench_module=module)
+
+
+def run(args: argparse.Namespace) -> int:
+    module = getattr(args, "bench_module", None)
+    if module is None:
+        from spectra_lab.cli import CLIError
+
+        raise CLIError(f"choose a benchmark: {', '.join(BENCHMARKS)}")
+    return int(importlib.import_module(module).run(args) or 0)

@@ -1,0 +1,394 @@
+"""Spectral operators against independent references (float64 SVD, closed forms, scipy)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.optimize import minimize_scalar
+
+from spectra.ops import (
+    coordinate_clip,
+    global_clip,
+    hard_clip,
+    lmo_singular_values,
+    orthogonalize,
+    soft_clip,
+    soft_clip_paper,
+    spectral_lmo,
+)
+from spectra.ops.polar import inverse_sqrt_schedule, polar_express_band
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --------------------------------------------------------------------------- references
+
+
+def svd_map(X: torch.Tensor, phi) -> torch.Tensor:
+    U, S, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
+    return (U * phi(S).unsqueeze(-2)) @ Vh
+
+
+def soft_ref(X: torch.Tensor, c: float) -> torch.Tensor:
+    return svd_map(X, lambda s: s / torch.sqrt(1.0 + (s / c) ** 2))
+
+
+def hard_ref(X: torch.Tensor, c: float) -> torch.Tensor:
+    return svd_map(X, lambda s: s.clamp(max=c))
+
+
+def rel_err(Y: torch.Tensor, ref: torch.Tensor) -> float:
+    num = torch.linalg.vector_norm(Y.to(torch.float64) - ref)
+    den = torch.linalg.vector_norm(ref)
+    return float(num / den) if den > 0 else float(num)
+
+
+def with_spectrum(shape, sigma, seed=0, dtype=torch.float64):
+    """Matrices (batch) of the given shape with prescribed singular values (float64 SVD)."""
+    gen = torch.Generator().manual_seed(seed)
+    *batch, m, n = shape
+    k = min(m, n)
+    U, _ = torch.linalg.qr(torch.randn(*batch, m, k, generator=gen, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(*batch, n, k, generator=gen, dtype=torch.float64))
+    s = torch.as_tensor(sigma, dtype=torch.float64)
+    return ((U * s) @ V.mT).to(dtype)
+
+
+def spiked(shape, c, spike_over_c, kind="adam", seed=0, dtype=torch.float32):
+    """A bulk with σ/c log-spaced in [1e-3, 1] (Adam-like, sign-like or Gaussian singular
+    vectors) plus one spike at σ = spike_over_c·c."""
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if kind == "sign":
+        X = torch.sign(g)
+    elif kind == "adam":
+        v = 0.9 * torch.randn(shape, generator=gen, dtype=torch.float64) ** 2 + 0.1 * g * g
+        X = g / (v.sqrt() + 1e-3)
+    else:
+        X = g
+    U, S, Vh = torch.linalg.svd(X, full_matrices=False)
+    k = S.shape[-1]
+    S = c * torch.logspace(0, -3, k, dtype=torch.float64).expand_as(S).clone()
+    S[..., 0] = spike_over_c * c
+    return ((U * S.unsqueeze(-2)) @ Vh).to(dtype)
+
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+
+
+@st.composite
+def matrices(draw, max_side=12):
+    batch = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2))
+    m = draw(st.integers(1, max_side))
+    n = draw(st.integers(1, max_side))
+    dtype = draw(st.sampled_from(list(DTYPES)))
+    log_scale = draw(st.integers(-20, 20))
+    rank = draw(st.integers(0, min(m, n)))
+    seed = draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.randn(*batch, m, rank, generator=gen, dtype=torch.float64)
+    B = torch.randn(*batch, rank, n, generator=gen, dtype=torch.float64)
+    X = (A @ B) * 10.0**log_scale
+    # c relative to the matrix's scale: from far below σ_max to far above it.
+    c = 10.0 ** (log_scale + draw(st.integers(-3, 3)))
+    return X.to(DTYPES[dtype]), c
+
+
+# --------------------------------------------------------------------------- soft clip
+
+
+@SETTINGS
+@given(matrices())
+def test_soft_clip_auto_matches_float64_svd_for_any_shape_scale_and_dtype(data):
+    X, c = data
+    Y = soft_clip(X, c)
+    assert Y.shape == X.shape and Y.dtype == X.dtype
+    assert torch.isfinite(Y).all()
+    # the reference acts on the same (dtype-rounded) input; bf16 output rounding is ~4e-3
+    assert rel_err(Y, soft_ref(X, c)) <= 1e-2
+
+
+@SETTINGS
+@given(matrices())
+def test_soft_clip_polar_matches_float64_svd_for_any_shape_scale_and_dtype(data):
+    X, c = data
+    Y = soft_clip(X, c, method="polar")
+    assert Y.shape == X.shape and Y.dtype == X.dtype
+    assert torch.isfinite(Y).all()
+    assert rel_err(Y, soft_ref(X, c)) <= 1e-2
+
+
+@pytest.mark.parametrize("kind", ["adam", "sign", "gauss"])
+@pytest.mark.parametrize("spike", [1.0, 30.0, 1e3])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 40), (3, 32, 32)])
+def test_soft_clip_polar_meets_the_accuracy_target_on_spiked_spectra(kind, spike, shape):
+    c = 0.7
+    X = spiked(shape, c, spike, kind=kind)
+    ref = soft_ref(X, c)
+    assert rel_err(soft_clip(X, c, method="polar"), ref) <= 1e-2
+    assert rel_err(soft_clip(X, c), ref) <= 1e-2
+    Xb = X.to(torch.bfloat16)
+    assert rel_err(soft_clip(Xb, c, method="polar"), soft_ref(Xb, c)) <= 1e-2
+
+
+def test_soft_clip_polar_is_accurate_beyond_float32_range_of_spikes():
+    # σ_max/c = 1e6: α ≈ 1e12, handled in float64 by the default precision choice.
+    c = 1.0
+    X = spiked((40, 64), c, 1e6, kind="adam")
+    assert rel_err(soft_clip(X, c, method="polar"), soft_ref(X, c)) <= 1e-3
+
+
+def test_soft_clip_polar_needs_no_more_products_than_the_paper_for_spikes_up_to_1e3():
+    # K quintic steps cost 4K - 3 products of m x m matrices (G² included); the paper's
+    # 10 steps cost 30. α = 1 + (σ_max/c)² ≈ 1e6, with up to 2x slack from the bound.
+    coeffs = inverse_sqrt_schedule(1.0 / math.sqrt(2.0e6), 1e-3)
+    assert 4 * len(coeffs) - 3 <= 30
+
+
+def test_soft_clip_is_identity_when_spectral_norm_is_far_below_c():
+    X = with_spectrum((20, 30), torch.linspace(1e-3, 1e-2, 20))
+    for method in ("auto", "polar", "eigh", "svd", "paper"):
+        Y = soft_clip(X, 100.0, method=method)
+        assert rel_err(Y, X) <= 1e-6  # H_c(X) - X is O(σ²/c²) = 1e-8 here
+
+
+def test_soft_clip_saturates_at_c_for_huge_singular_values():
+    X = with_spectrum((10, 16), torch.logspace(6, 3, 10))
+    for method in ("auto", "polar"):
+        S = torch.linalg.svdvals(soft_clip(X, 2.0, method=method))
+        assert torch.allclose(S, torch.full_like(S, 2.0), rtol=1e-3)
+
+
+def test_paper_method_reproduces_its_own_10_step_polynomial_and_its_inaccuracy():
+    # Algorithm 1 as written acts on each eigenvalue λ = 1 + σ²/c² of M through the scalar
+    # recursion z ← z(3 − z²e)/2 on e = λ/α. Evaluate that recursion independently in float64.
+    c = 1.0
+    X = spiked((32, 48), c, 1e3, kind="gauss", dtype=torch.float64)
+    G = X @ X.mT
+    s2 = min(float(torch.linalg.matrix_norm(G)), float(G.abs().sum(-1).max()))
+    alpha = 1.0 + s2 / c**2
+    U, S, Vh = torch.linalg.svd(X, full_matrices=False)
+    e = (1.0 + S**2 / c**2) / alpha
+    z, y = torch.ones_like(e), e.clone()
+    for _ in range(10):
+        t = 0.5 * (3.0 - z * y)
+        y, z = y * t, t * z
+    predicted = (U * (S * z / math.sqrt(alpha)).unsqueeze(-2)) @ Vh
+    Y = soft_clip_paper(X, c, ns_steps=10, dtype=torch.float64)
+    assert rel_err(Y, predicted) <= 1e-9
+    assert rel_err(soft_clip(X, c, method="paper"), predicted) <= 1e-9
+    # ...and that polynomial is far from H_c on the bulk, which sits near e = 1/α.
+    assert rel_err(Y, soft_ref(X, c)) >= 0.5
+    # in float32 the same algorithm gives the same (wrong) answer, up to rounding
+    Y32 = soft_clip_paper(X.float(), c, ns_steps=10)
+    assert rel_err(Y32, predicted) <= 1e-2
+
+
+def test_paper_method_returns_input_when_bound_is_below_c():
+    X = with_spectrum((8, 12), torch.linspace(0.01, 0.05, 8), dtype=torch.float32)
+    assert torch.equal(soft_clip_paper(X, 10.0), X)
+
+
+# --------------------------------------------------------------------------- hard clip
+
+
+@SETTINGS
+@given(matrices())
+def test_hard_clip_matches_float64_svd_and_is_bounded_by_c(data):
+    X, c = data
+    Y = hard_clip(X, c)
+    assert Y.shape == X.shape and Y.dtype == X.dtype
+    assert rel_err(Y, hard_ref(X, c)) <= 1e-2
+    if Y.dim() >= 2 and Y.numel():
+        top = torch.linalg.matrix_norm(Y.to(torch.float64), ord=2).max()
+        assert float(top) <= c * (1 + 1e-2)
+
+
+def test_hard_clip_is_idempotent():
+    X = with_spectrum((2, 12, 20), torch.logspace(2, -2, 12))
+    Y = hard_clip(X, 1.0)
+    assert rel_err(hard_clip(Y, 1.0), Y) <= 1e-10
+    S = torch.linalg.svdvals(Y)
+    assert float(S.max()) <= 1.0 + 1e-12
+
+
+# --------------------------------------------------------------------------- orthogonalize
+
+
+def test_orthogonalize_svd_is_exact_and_keeps_rank():
+    X = with_spectrum((12, 20), torch.cat([torch.logspace(1, -2, 8), torch.zeros(4)]))
+    S = torch.linalg.svdvals(orthogonalize(X))
+    assert torch.allclose(S, torch.cat([torch.ones(8), torch.zeros(4)]).double(), atol=1e-10)
+
+
+def composed_band(coeffs, lo=1e-3, hi=1.0):
+    s = np.geomspace(lo, hi, 20001)
+    for a, b, c in coeffs:
+        s = a * s + b * s**3 + c * s**5
+    return float(s.min()), float(s.max())
+
+
+@pytest.mark.parametrize(
+    "method,steps,dtype,slack",
+    [
+        ("muon", 5, torch.float32, 1e-4),
+        ("muon", 5, torch.bfloat16, 3e-2),
+        ("polar_express", 5, torch.float32, 1e-4),
+        ("polar_express", 6, torch.float32, 1e-4),
+        ("polar_express", 5, torch.bfloat16, 3e-2),
+    ],
+)
+def test_orthogonalize_singular_values_lie_in_the_documented_band(method, steps, dtype, slack):
+    from spectra.ops.polar import ORTH_COEFFS
+    from spectra.ops.spectral import MUON_NS_COEFFS
+
+    # singular values spread over σ/‖X‖_F ∈ [1e-2, 1) (the iteration normalises by ‖X‖_F)
+    sigma = torch.logspace(0, -2, 24) * torch.tensor([3.0] + [1.0] * 23)
+    X = with_spectrum((2, 24, 40), sigma, dtype=torch.float32)
+    S = torch.linalg.svdvals(orthogonalize(X, method=method, steps=steps, ns_dtype=dtype).double())
+    if method == "muon":
+        lo, hi = composed_band([MUON_NS_COEFFS] * steps, lo=1e-2 / 3.1)
+        assert 0.68 - 1e-3 <= lo and hi <= 1.2024  # the documented band
+    else:
+        lo, hi = composed_band(ORTH_COEFFS[:steps], lo=1e-3)
+        tab_lo, tab_hi = polar_express_band(steps)
+        assert tab_lo <= lo + 1e-6 and hi <= tab_hi + 1e-6
+    assert float(S.min()) >= lo - slack and float(S.max()) <= hi + slack
+
+
+def test_polar_express_is_more_accurate_than_muon_at_equal_steps():
+    X = with_spectrum((32, 48), torch.logspace(0, -2, 32), dtype=torch.float32)
+    ref = svd_map(X, torch.ones_like)
+    err_muon = rel_err(orthogonalize(X, method="muon", ns_dtype=torch.float32), ref)
+    err_pe = rel_err(orthogonalize(X, method="polar_express"), ref)
+    assert err_pe < 0.5 * err_muon
+
+
+# --------------------------------------------------------------------------- LMO
+
+
+@pytest.mark.parametrize(
+    "regularizer,b,p",
+    [
+        ("frobenius", 0.7, 2.0),
+        ("frobenius", 0.0, 2.0),
+        ("nuclear", 0.9, 2.0),
+        ("schatten", 0.5, 3.0),
+        ("schatten", 1.3, 1.5),
+        ("entropy", 0.8, 2.0),
+    ],
+)
+def test_lmo_closed_form_solves_its_one_dimensional_subproblem(regularizer, b, p):
+    D = 2.5
+    psi = {
+        "frobenius": lambda x: 0.5 * b * x * x,
+        "nuclear": lambda x: b * x,
+        "schatten": lambda x: b / p * x**p,
+        "entropy": lambda x: b * (x * math.log(x) - x) if x > 0 else 0.0,
+    }[regularizer]
+    sigmas = torch.tensor([0.0, 0.05, 0.3, 0.89, 0.91, 1.7, 4.0, 40.0], dtype=torch.float64)
+    closed = lmo_singular_values(sigmas, D, regularizer, b, p)
+    for sigma, x_closed in zip(sigmas.tolist(), closed.tolist(), strict=True):
+
+        def f(x, sigma=sigma):
+            return -sigma * x + psi(x)
+
+        res = minimize_scalar(f, bounds=(0.0, D), method="bounded", options={"xatol": 1e-10})
+        grid = np.linspace(0.0, D, 20001)
+        best = min([res.x, *grid[np.argsort([f(x) for x in grid])[:1]]], key=f)
+        # the closed form attains the minimum value (ties allowed: nuclear at σ = b)
+        assert f(x_closed) <= f(best) + 1e-8
+        assert 0.0 <= x_closed <= D
+
+
+def test_spectral_lmo_builds_the_matrix_from_the_singular_values():
+    G = with_spectrum((6, 9), torch.tensor([5.0, 2.0, 1.0, 0.5, 0.2, 0.1]))
+    X = spectral_lmo(G, 1.5, "frobenius", 2.0)
+    # frobenius: -clip_{b·D}(G)/b
+    assert rel_err(X, -hard_ref(G, 2.0 * 1.5) / 2.0) <= 1e-12
+    assert float(torch.linalg.matrix_norm(X, ord=2)) <= 1.5 + 1e-12
+
+
+# --------------------------------------------------------------------------- robustness
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-30, 1e30])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_no_nan_or_inf_on_zero_tiny_and_huge_inputs(scale, dtype):
+    if dtype == torch.float32 and scale == 1e30:
+        scale = 1e18  # keep the entries finite after squaring-free generation in fp32
+    X = (with_spectrum((3, 10, 14), torch.logspace(0, -3, 10)) * scale).to(dtype)
+    for c in (1e-3 * max(scale, 1e-300), 1.0, 1e3 * max(scale, 1e-300)):
+        outs = [
+            soft_clip(X, c),
+            soft_clip(X, c, method="polar"),
+            soft_clip(X, c, method="svd"),
+            soft_clip(X, c, method="paper"),
+            hard_clip(X, c),
+            global_clip(X, c),
+            coordinate_clip(X, c),
+        ]
+        outs += [orthogonalize(X, method=m) for m in ("svd", "muon", "polar_express")]
+        for Y in outs:
+            assert torch.isfinite(Y).all()
+        if scale > 0:
+            assert rel_err(outs[0], soft_ref(X, c)) <= 1e-2
+            assert rel_err(outs[1], soft_ref(X, c)) <= 1e-2
+
+
+def test_operators_keep_shape_dtype_and_never_modify_the_input():
+    X = with_spectrum((2, 6, 9), torch.logspace(1, -1, 6), dtype=torch.float32)
+    before = X.clone()
+    for fn in (
+        lambda t: soft_clip(t, 1.0),
+        lambda t: soft_clip(t, 1.0, method="polar"),
+        lambda t: soft_clip(t, 1.0, method="paper"),
+        lambda t: hard_clip(t, 1.0),
+        lambda t: orthogonalize(t, method="polar_express"),
+        lambda t: global_clip(t, 1.0),
+        lambda t: coordinate_clip(t, 0.1),
+    ):
+        Y = fn(X)
+        assert Y.shape == X.shape and Y.dtype == X.dtype and Y.device == X.device
+        assert torch.equal(X, before)
+
+
+def test_vectors_use_the_norm_rule():
+    x = torch.tensor([3.0, 4.0], dtype=torch.float64)  # ‖x‖ = 5
+    assert torch.allclose(soft_clip(x, 5.0), x / math.sqrt(2.0))
+    assert torch.allclose(hard_clip(x, 2.5), x / 2.0)
+    assert torch.allclose(orthogonalize(x), x / 5.0)
+    assert torch.allclose(global_clip(x, 1.0), x / 5.0)
+    assert torch.equal(soft_clip(torch.zeros(3), 1.0), torch.zeros(3))
+
+
+@pytest.mark.parametrize("bad_c", [0.0, -1.0, float("nan"), float("inf"), "1", True])
+def test_bad_threshold_raises_value_error_naming_it(bad_c):
+    X = torch.ones(3, 4)
+    for fn in (soft_clip, hard_clip, global_clip, coordinate_clip):
+        with pytest.raises(ValueError, match="c must"):
+            fn(X, bad_c)
+
+
+def test_bad_inputs_raise_value_error():
+    with pytest.raises(ValueError, match="floating"):
+        soft_clip(torch.ones(3, 4, dtype=torch.int64), 1.0)
+    with pytest.raises(ValueError, match="0-d"):
+        hard_clip(torch.tensor(1.0), 1.0)
+    with pytest.raises(ValueError, match="0-d"):
+        orthogonalize(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="method"):
+        soft_clip(torch.ones(3, 4), 1.0, method="nope")
+    with pytest.raises(ValueError, match="method"):
+        orthogonalize(torch.ones(3, 4), method="nope")
+    with pytest.raises(ValueError, match="tol"):
+        soft_clip(torch.ones(3, 4), 1.0, method="polar", tol=0.0)
+    with pytest.raises(ValueError, match="ns_steps"):
+        soft_clip(torch.ones(3, 4), 1.0, method="paper", ns_steps=-1)
+    with pytest.raises(ValueError, match="radius"):
+        spectral_lmo(torch.ones(3, 4), -1.0)
