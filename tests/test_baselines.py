@@ -79,12 +79,10 @@ def test_dmuon_matches_torch_muon_on_hidden_matrices():
     for p, q, p0 in zip(ours, ref, start, strict=True):
         # Momentum is float32 arithmetic on identical inputs: bit-identical.
         assert torch.equal(opt.state[p]["momentum_buffer"], torch_opt.state[q]["momentum_buffer"])
-        # The Newton–Schulz iteration runs in bfloat16 (unit roundoff 2^-8 ≈ 4e-3, five
-        # iterations): the two implementations round differently by about 2%.
-        ours_delta, ref_delta = (p - p0).detach(), (q - p0).detach()
-        rel = (ours_delta - ref_delta).norm() / ref_delta.norm()
-        assert rel < 0.05
-        assert ours_delta.norm() / ref_delta.norm() == pytest.approx(1.0, abs=0.01)
+        # The Newton–Schulz iteration performs the same bfloat16 operations as torch's
+        # (fused addmm updates), and the step the same float32 arithmetic: bit-identical.
+        assert torch.equal(p.detach(), q.detach()), (p - q).abs().max()
+        assert not torch.equal(p.detach(), p0)
 
 
 def test_dmuon_update_rms_matches_adamw_scale():

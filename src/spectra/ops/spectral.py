@@ -405,19 +405,22 @@ def newton_schulz_quintic(
 ) -> Tensor:
     r"""Muon's quintic Newton–Schulz iteration towards ``orth(X)``.
 
-    ``X₀ = X/(‖X‖_F + ε)``, then ``A = XXᵀ``, ``X ← aX + (bA + cA²)X`` for ``steps`` steps
+    ``X₀ = X/max(‖X‖_F, ε)``, then ``A = XXᵀ``, ``X ← aX + (bA + cA²)X`` for ``steps`` steps
     in ``dtype``. With the classic coefficients the singular values of the result lie in
-    in [0.68, 1.14] for ``σ/‖X‖_F ≥ 10⁻²`` rather than at 1 (K. Jordan, "Muon", 2024).
+    [0.68, 1.14] for ``σ/‖X‖_F ≥ 10⁻²`` rather than at 1 (K. Jordan, "Muon", 2024).
     """
     Xw, transposed = wide_view(X)
     a, b, cc = coeffs
-    Y = Xw.to(dtype)
-    Y = Y / (torch.linalg.matrix_norm(Y.float(), ord="fro")[..., None, None] + eps).to(dtype)
+    # Same arithmetic as torch.optim.Muon (fused addmm updates, norm in the working dtype),
+    # so that on a single matrix the two agree bit for bit.
+    shape = Xw.shape
+    Y = Xw.to(dtype).reshape(-1, *shape[-2:]).clone()
+    Y.div_(torch.linalg.vector_norm(Y, dim=(-2, -1), keepdim=True).clamp(min=eps))
     for _ in range(steps):
         A = Y @ Y.mT
-        B = b * A + cc * (A @ A)
-        Y = a * Y + B @ Y
-    Y = Y.to(X.dtype)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=cc)
+        Y = torch.baddbmm(Y, B, Y, beta=a)
+    Y = Y.reshape(shape).to(X.dtype)
     return Y.mT if transposed else Y
 
 
