@@ -88,6 +88,15 @@ def _positive_or_none(value: Any, name: str) -> None:
         raise ValueError(f"{name} must be None or a finite number > 0, got {value!r}")
 
 
+def check_number(name: str, value: Any, low: float, high: float | None = None) -> None:
+    """Require ``low <= value`` (and ``value < high`` when given), naming the bad value."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    if value < low or (high is not None and value >= high):
+        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
 def check_nonnegative(value: Any, name: str) -> float:
     """Return ``value`` as a float after checking it is a finite number >= 0."""
     if isinstance(value, Tensor) and value.numel() == 1:

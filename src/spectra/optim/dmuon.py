@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from numbers import Real
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ from torch.optim import Optimizer
 
 from spectra.ops import newton_schulz_quintic
 from spectra.ops.spectral import MUON_NS_COEFFS
+from spectra.optim.base import check_number
 
 # Dimensions at or above this go to AdamW under the default rule: the embedding and the
 # output head of a language model (footnote to the memory table of the SPECTRA paper:
@@ -146,15 +146,6 @@ def adamw_update(
     param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
-def _check_number(name: str, value: Any, low: float, high: float | None = None) -> None:
-    """Require ``low <= value`` (and ``value < high`` when given), naming the bad value."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    if value < low or (high is not None and value >= high):
-        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-
-
 class DMuon(Optimizer):
     r"""D-Muon: Muon (Nesterov momentum, bf16 Newton–Schulz, AdamW-matched RMS) + AdamW.
 
@@ -209,18 +200,18 @@ class DMuon(Optimizer):
 
     @staticmethod
     def _validate(group: dict[str, Any]) -> None:
-        _check_number("lr", group["lr"], 0.0)
-        _check_number("momentum", group["momentum"], 0.0, 1.0)
-        _check_number("weight_decay", group["weight_decay"], 0.0)
-        _check_number("adamw_eps", group["adamw_eps"], 0.0)
+        check_number("lr", group["lr"], 0.0)
+        check_number("momentum", group["momentum"], 0.0, 1.0)
+        check_number("weight_decay", group["weight_decay"], 0.0)
+        check_number("adamw_eps", group["adamw_eps"], 0.0)
         ns_steps = group["ns_steps"]
         if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
             raise ValueError(f"ns_steps must be an integer >= 1, got {ns_steps!r}")
         betas = group["adamw_betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"adamw_betas must be a pair of numbers, got {betas!r}")
-        _check_number("adamw_betas[0]", betas[0], 0.0, 1.0)
-        _check_number("adamw_betas[1]", betas[1], 0.0, 1.0)
+        check_number("adamw_betas[0]", betas[0], 0.0, 1.0)
+        check_number("adamw_betas[1]", betas[1], 0.0, 1.0)
         if not isinstance(group["nesterov"], bool):
             raise ValueError(f"nesterov must be a bool, got {group['nesterov']!r}")
         if group["use_muon"] not in (None, True, False):

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from numbers import Real
 from typing import Any
 
 import torch
@@ -51,6 +50,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from spectra.ops._common import compute_dtype
+from spectra.optim.base import check_number
 
 
 def rotate(x: Tensor, bases: list[Tensor | None]) -> Tensor:
@@ -105,15 +105,6 @@ def _power_iteration(
         Q_new, _ = torch.linalg.qr(LQ[:, order])
         new_bases.append(Q_new)
     return new_bases, exp_avg_sq
-
-
-def _check_number(name: str, value: Any, low: float, high: float | None = None) -> None:
-    """Require ``low <= value`` (and ``value < high`` when given), naming the bad value."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    if value < low or (high is not None and value >= high):
-        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
 
 
 def _check_int(name: str, value: Any, low: int) -> None:
@@ -171,15 +162,15 @@ class SOAP(Optimizer):
 
     @staticmethod
     def _validate(group: dict[str, Any]) -> None:
-        _check_number("lr", group["lr"], 0.0)
+        check_number("lr", group["lr"], 0.0)
         betas = group["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair of numbers, got {betas!r}")
-        _check_number("betas[0]", betas[0], 0.0, 1.0)
-        _check_number("betas[1]", betas[1], 0.0, 1.0)
-        _check_number("shampoo_beta", group["shampoo_beta"], -math.inf, 1.0)
-        _check_number("eps", group["eps"], 0.0)
-        _check_number("weight_decay", group["weight_decay"], 0.0)
+        check_number("betas[0]", betas[0], 0.0, 1.0)
+        check_number("betas[1]", betas[1], 0.0, 1.0)
+        check_number("shampoo_beta", group["shampoo_beta"], -math.inf, 1.0)
+        check_number("eps", group["eps"], 0.0)
+        check_number("weight_decay", group["weight_decay"], 0.0)
         _check_int("precondition_frequency", group["precondition_frequency"], 1)
         _check_int("max_precond_dim", group["max_precond_dim"], 0)
         if not isinstance(group["precondition_1d"], bool):
