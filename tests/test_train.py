@@ -404,3 +404,27 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(train_dataset
     np.testing.assert_allclose([r["loss"] for r in rows], [r["loss"] for r in ref_rows], rtol=1e-5)
     for name, p in ref.model.state_dict().items():
         torch.testing.assert_close(w0[name], p, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_compare_plots_the_final_validation_losses_of_runs(train_dataset, tmp_path, capsys):
+    runs = []
+    for lr in ("1e-2", "3e-3"):
+        out = tmp_path / f"lr{lr}"
+        argv = ["train", "--preset", "tiny", "--dataset", str(train_dataset), "--steps", "6"]
+        argv += ["--out", str(out), "--optimizer", "torch-adamw", "--lr", lr, "--no-progress"]
+        argv += ["--set", "eval_interval=3", "--set", "eval_batches=2", "--set", "seq_len=32"]
+        argv += ["--set", "warmup_steps=1", "--batch-size", "4", "--device", "cpu"]
+        assert main(argv) == 0
+        runs.append(out)
+    capsys.readouterr()
+    fig = tmp_path / "cmp.png"
+    assert main(["compare", *map(str, runs), "--labels", "a", "b", "--out", str(fig)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    for label, run in zip(("a", "b"), runs, strict=True):
+        final = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "eval"][-1]
+        want = f"{label}: final validation loss {final['val_loss']:.4f}"
+        assert any(line.startswith(want) for line in lines), (want, lines)
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["compare", str(tmp_path / "missing"), "--out", str(fig)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a run directory" in err[0]
