@@ -109,20 +109,9 @@ def projected_gradient_optimum(A, y, b, D2, iters=400):
     return X
 
 
-def test_sgdm_with_spectral_clipping_is_composite_frank_wolfe():
-    # Theorem (SGD-M with spectral clipping as composite Frank–Wolfe): β = 1, c = bD₂,
-    # α = λ/b, λη_k = 2/(k+2) minimise F = f + b/2‖X‖_F² over the ball ‖X‖₂ ≤ D₂.
-    A, y = logistic_problem()
-    b, D2 = 0.1, 0.5
+def frank_wolfe_sgdm(X: torch.Tensor, b: float, D2: float, **kw):
+    """SGDM with the Frank–Wolfe theorem's settings: β = 1, c = bD₂, α = λ/b, λη_k = 2/(k+2)."""
     lam = 1.0 / D2
-    X_star = projected_gradient_optimum(A, y, b, D2)
-    F_star = composite(X_star, A, y, b)
-    # The constraint is active: the unconstrained minimiser lies outside the ball.
-    assert torch.linalg.matrix_norm(X_star, ord=2).item() == pytest.approx(D2, rel=1e-9)
-    X_free = projected_gradient_optimum(A, y, b, 100.0)
-    assert torch.linalg.matrix_norm(X_free, ord=2).item() > 1.5 * D2
-
-    X = torch.zeros(A.shape[1:], dtype=torch.float64, requires_grad=True)
     opt = so.SGDM(
         [X],
         lr=2.0 / lam,
@@ -131,9 +120,25 @@ def test_sgdm_with_spectral_clipping_is_composite_frank_wolfe():
         clip_c=b * D2,
         clip_scale=lam / b,
         clip_schedule="constant",
-        post="hard_clip",
+        **kw,
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (k + 2))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (k + 2))
+
+
+def test_sgdm_with_spectral_clipping_is_composite_frank_wolfe():
+    # Theorem (SGD-M with spectral clipping as composite Frank–Wolfe): β = 1, c = bD₂,
+    # α = λ/b, λη_k = 2/(k+2) minimise F = f + b/2‖X‖_F² over the ball ‖X‖₂ ≤ D₂.
+    A, y = logistic_problem()
+    b, D2 = 0.1, 0.5
+    X_star = projected_gradient_optimum(A, y, b, D2)
+    F_star = composite(X_star, A, y, b)
+    # The constraint is active: the unconstrained minimiser lies outside the ball.
+    assert torch.linalg.matrix_norm(X_star, ord=2).item() == pytest.approx(D2, rel=1e-9)
+    X_free = projected_gradient_optimum(A, y, b, 100.0)
+    assert torch.linalg.matrix_norm(X_free, ord=2).item() > 1.5 * D2
+
+    X = torch.zeros(A.shape[1:], dtype=torch.float64, requires_grad=True)
+    opt, sched = frank_wolfe_sgdm(X, b, D2, post="hard_clip")
     residuals, norms = [], []
     for _ in range(600):
         X.grad = logistic_grad(X.detach(), A, y)
@@ -153,18 +158,8 @@ def test_soft_clipped_sgdm_iterates_stay_in_the_spectral_ball():
     # h_c(σ) < c, so the soft clip keeps X in the ball ‖X‖₂ ≤ αc/λ as well.
     A, y = logistic_problem(seed=1)
     b, D2 = 0.1, 0.5
-    lam = 1.0 / D2
     X = torch.zeros(A.shape[1:], dtype=torch.float64, requires_grad=True)
-    opt = so.SGDM(
-        [X],
-        lr=2.0 / lam,
-        beta=1.0,
-        weight_decay=lam,
-        clip_c=b * D2,
-        clip_scale=lam / b,
-        clip_schedule="constant",
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (k + 2))
+    opt, sched = frank_wolfe_sgdm(X, b, D2)
     values = []
     for _ in range(300):
         opt.zero_grad()

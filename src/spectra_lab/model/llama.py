@@ -30,16 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = [
-    "PRESETS",
-    "Llama",
-    "ModelConfig",
-    "apply_rope",
-    "model_config",
-    "rope_frequencies",
-    "swiglu_hidden",
-]
-
 
 def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
     """SwiGLU hidden width ``multiple_of · ⌈(8d/3) / multiple_of⌉``.
