@@ -250,7 +250,7 @@ def test_orthogonalize_singular_values_lie_in_the_documented_band(method, steps,
     # singular values spread over σ/‖X‖_F ∈ [1e-2, 1) (the iteration normalises by ‖X‖_F)
     sigma = torch.logspace(0, -2, 24) * torch.tensor([3.0] + [1.0] * 23)
     X = with_spectrum((2, 24, 40), sigma, dtype=torch.float32)
-    S = torch.linalg.svdvals(orthogonalize(X, method=method, steps=steps, ns_dtype=dtype).double())
+    S = torch.linalg.svdvals(orthogonalize(X, method=method, ns_steps=steps, ns_dtype=dtype).double())
     if method == "muon":
         lo, hi = composed_band([MUON_NS_COEFFS] * steps, lo=1e-2 / 3.1)
         assert 0.68 - 1e-3 <= lo and hi <= 1.2024  # the documented band

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import spectra.optim as so
-from spectra.optim import base as spectra_base
+from spectra.optim import chain as spectra_chain
 
 
 @pytest.fixture(autouse=True)
@@ -55,12 +55,16 @@ FACTORIES = {
     "Signum": lambda ps, **kw: so.Signum(ps, lr=1e-2, **kw),
     "AdEMAMix": lambda ps, **kw: so.AdEMAMix(ps, lr=1e-2, alpha_warmup=5, beta3_warmup=5, **kw),
     "MARS": lambda ps, **kw: so.MARS(ps, lr=1e-2, **kw),
-    "SGDM": lambda ps, **kw: so.SGDM(ps, lr=1e-1, beta=0.5, **kw),
+    "SGDM": lambda ps, **kw: so.SGDM(ps, lr=1e-1, momentum=0.5, **kw),
     "Spectra(torch AdamW)": lambda ps, **kw: so.Spectra(
         torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), **kw
     ),
 }
-SPECTRA_KW = {"clip_c": 0.5, "pre_clip_c": 2.0, "warmup_steps": 2}
+SPECTRA_KW = {
+    "clip_c": 0.5,
+    "pre_clip_c": 2.0,
+    "clip_schedule": so.ClipSchedule("linear", total_steps=8, final_ratio=0.5),
+}
 
 
 def svd_map(X, phi):
@@ -226,7 +230,7 @@ def test_mars_matches_reference_code_formulas():
 def test_sgdm_polyak_momentum_starts_from_first_gradient():
     lr, beta, wd = 0.1, 0.3, 0.05
     ps = make_params()
-    opt = so.SGDM(ps, lr=lr, beta=beta, weight_decay=wd, clip_c=None)
+    opt = so.SGDM(ps, lr=lr, momentum=1 - beta, weight_decay=wd, clip_c=None)
     run(opt, ps, 6, grad_stream())
     ref = [p.detach().clone() for p in make_params()]
     bufs = [None] * len(ref)
@@ -240,18 +244,18 @@ def test_sgdm_polyak_momentum_starts_from_first_gradient():
         torch.testing.assert_close(a.detach(), b, rtol=1e-13, atol=1e-13)
 
 
-@pytest.mark.parametrize("post", ["clip", "hard_clip", "orth"])
+@pytest.mark.parametrize("post", ["soft_clip", "hard_clip", "orthogonalize"])
 def test_adamw_post_operator_matches_float64_svd_reference(post):
     lr, wd, c = 1e-2, 0.1, 0.3
     ps = make_params()
-    opt = so.AdamW(ps, lr=lr, weight_decay=wd, clip_c=c, post=post, clip_schedule="constant")
+    opt = so.AdamW(ps, lr=lr, weight_decay=wd, clip_c=c, post=post)
     run(opt, ps, 5, grad_stream())
     ref = [p.detach().clone() for p in make_params()]
     st = [[torch.zeros_like(p), torch.zeros_like(p)] for p in ref]
     ops = {
-        "clip": lambda X: soft_ref(X, c),
+        "soft_clip": lambda X: soft_ref(X, c),
         "hard_clip": lambda X: svd_map(X, lambda s: s.clamp(max=c)),
-        "orth": lambda X: svd_map(X, torch.ones_like),
+        "orthogonalize": lambda X: svd_map(X, torch.ones_like),
     }
 
     def update(i, p, g, t):
@@ -277,7 +281,7 @@ def test_tensor_with_more_than_two_dims_is_clipped_as_d0_by_rest_matrix():
     p = torch.randn(4, 3, 2, 2, dtype=torch.float64, requires_grad=True)
     x0 = p.detach().clone()
     g = torch.randn(4, 3, 2, 2, dtype=torch.float64)
-    opt = so.SGDM([p], lr=lr, beta=1.0, weight_decay=0.0, clip_c=c, clip_schedule="constant")
+    opt = so.SGDM([p], lr=lr, momentum=0.0, weight_decay=0.0, clip_c=c)
     p.grad = g
     opt.step()
     expected = x0 - lr * soft_ref(g.reshape(4, 12), c).reshape(4, 3, 2, 2)
@@ -292,11 +296,10 @@ def test_clip_params_all_applies_the_vector_rule_to_1d_params():
     opt = so.SGDM(
         [p],
         lr=lr,
-        beta=1.0,
+        momentum=0.0,
         weight_decay=0.0,
         clip_c=c,
         clip_params="all",
-        clip_schedule="constant",
     )
     p.grad = g
     opt.step()
@@ -305,7 +308,7 @@ def test_clip_params_all_applies_the_vector_rule_to_1d_params():
     torch.testing.assert_close(p.detach(), expected, rtol=1e-12, atol=1e-12)
     # With the default "matrices", a 1-D parameter takes the plain base step.
     q = x0.clone().requires_grad_()
-    opt2 = so.SGDM([q], lr=lr, beta=1.0, weight_decay=0.0, clip_c=c)
+    opt2 = so.SGDM([q], lr=lr, momentum=0.0, weight_decay=0.0, clip_c=c)
     q.grad = g
     opt2.step()
     torch.testing.assert_close(q.detach(), x0 - lr * g, rtol=1e-14, atol=1e-14)
@@ -313,22 +316,22 @@ def test_clip_params_all_applies_the_vector_rule_to_1d_params():
 
 def test_same_shaped_matrices_are_clipped_in_one_batched_call(monkeypatch):
     calls = []
-    real = spectra_base.soft_clip
+    real = spectra_chain.soft_clip
 
     def counting(X, c, **kw):
         calls.append(tuple(X.shape))
         return real(X, c, **kw)
 
     ps = make_params(shapes=[(8, 6)] * 3 + [(6, 8), (7,)])
-    opt = so.AdamW(ps, clip_c=0.1, chunk_size=10_000)
-    monkeypatch.setattr(spectra_base, "soft_clip", counting)
+    opt = so.AdamW(ps, clip_c=0.1, batch_elements=10_000)
+    monkeypatch.setattr(spectra_chain, "soft_clip", counting)
     for p in ps:
         p.grad = torch.randn_like(p)
     opt.step()
     assert sorted(calls) == [(1, 6, 8), (3, 8, 6)]
-    # A run longer than a quarter of the chunk is split into batches within that cap.
+    # Same-shaped matrices beyond batch_elements are split into batches within that cap.
     qs = make_params(shapes=[(8, 6)] * 6)
-    opt = so.AdamW(qs, clip_c=0.1, chunk_size=400)
+    opt = so.AdamW(qs, clip_c=0.1, batch_elements=100)
     calls.clear()
     for q in qs:
         q.grad = torch.randn_like(q)
@@ -336,11 +339,11 @@ def test_same_shaped_matrices_are_clipped_in_one_batched_call(monkeypatch):
     assert calls == [(2, 8, 6)] * 3
 
 
-def test_chunking_does_not_change_the_result():
+def test_operator_batch_size_does_not_change_the_result():
     results = []
-    for chunk in (1, 50, None):
+    for cap in (1, 50, None):
         ps = make_params()
-        opt = so.AdEMAMix(ps, lr=1e-2, chunk_size=chunk, **SPECTRA_KW)
+        opt = so.AdEMAMix(ps, lr=1e-2, batch_elements=cap, **SPECTRA_KW)
         run(opt, ps, 4, grad_stream())
         results.append([p.detach().clone() for p in ps])
     for other in results[1:]:
@@ -504,14 +507,14 @@ def test_nonfinite_gradient_is_skipped_when_asked(name):
         ({"clip_c": 0.0}, "clip_c"),
         ({"clip_scale": "big"}, "big"),
         ({"clip_method": "magic"}, "magic"),
-        ({"clip_schedule": "exponential"}, "exponential"),
-        ({"clip_schedule": "cosine"}, "total_steps"),
+        ({"clip_schedule": "cosine"}, "callable"),
+        ({"pre_clip_schedule": 3.0}, "3.0"),
         ({"clip_params": "vectors"}, "vectors"),
         ({"post": "lmo"}, "lmo"),
         ({"pre_clip_c": -2.0}, "-2.0"),
-        ({"warmup_steps": -4}, "-4"),
         ({"nonfinite": "ignore"}, "ignore"),
-        ({"chunk_size": 0}, "chunk_size"),
+        ({"batch_elements": 0}, "batch_elements"),
+        ({"warmup_steps": 4}, "warmup_steps"),
         ({"bogus_setting": 1}, "bogus_setting"),
     ],
 )
@@ -523,8 +526,8 @@ def test_invalid_hyperparameters_raise_value_error_naming_the_value(kwargs, need
 def test_invalid_base_specific_hyperparameters_raise():
     with pytest.raises(ValueError, match=re.escape("1.2")):
         so.Signum(make_params(), momentum=1.2)
-    with pytest.raises(ValueError, match="beta"):
-        so.SGDM(make_params(), beta=0.0)
+    with pytest.raises(ValueError, match="momentum"):
+        so.SGDM(make_params(), momentum=1.0)
     with pytest.raises(ValueError, match="triple"):
         so.AdEMAMix(make_params(), betas=(0.9, 0.99))
     with pytest.raises(ValueError, match=re.escape("-0.1")):

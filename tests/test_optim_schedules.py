@@ -53,6 +53,8 @@ def test_cosine_schedule_reaches_final_ratio():
         (lambda: so.ClipSchedule("exp"), "exp"),
         (lambda: so.ClipSchedule("sqrt"), "total_steps"),
         (lambda: so.ClipSchedule("linear", total_steps=10, final_ratio=0.0), "final_ratio"),
+        (lambda: so.standard_clip_schedule(3.0, 5), "callable"),
+        (lambda: so.standard_clip_schedule(so.wsd_schedule(2, 10), -1), "-1"),
     ],
 )
 def test_schedule_validation(call, needle):
@@ -61,21 +63,24 @@ def test_schedule_validation(call, needle):
 
 
 def test_clip_schedule_factors():
-    std = so.ClipSchedule("standard")
-    assert std.factor(0, lr=1e-4, peak_lr=1e-3, warmup_steps=5) == pytest.approx(10.0)
-    assert std.factor(5, lr=1e-4, peak_lr=1e-3, warmup_steps=5) == 1.0
-    assert std.factor(0, lr=0.0, peak_lr=1e-3, warmup_steps=5) == math.inf
-    assert so.ClipSchedule("constant").factor(0, 1e-4, 1e-3, 5) == 1.0
+    # The "standard" rule c_k = c·η/η_k during warmup, from the LR factor S: 1/S(k).
+    lr_fn = so.wsd_schedule(5, 20)
+    std = so.standard_clip_schedule(lr_fn, 5)
+    assert std(0) == pytest.approx(5.0)  # S(0) = 1/5
+    assert std(3) == pytest.approx(5 / 4)
+    assert std(5) == 1.0
+    assert so.standard_clip_schedule(lambda k: 0.0, 5)(0) == math.inf
+    assert so.ClipSchedule("constant")(0) == 1.0
     r = 1e-3  # cosine from 10 to 0.01 over the whole run, as in the pre-clipping ablation
     cos = so.ClipSchedule("cosine", total_steps=100, final_ratio=r)
-    assert cos.factor(0, 1, 1, 0) == pytest.approx(1.0)
-    assert cos.factor(50, 1, 1, 0) == pytest.approx(r + (1 - r) * 0.5)
-    assert 10 * cos.factor(100, 1, 1, 0) == pytest.approx(0.01)
+    assert cos(0) == pytest.approx(1.0)
+    assert cos(50) == pytest.approx(r + (1 - r) * 0.5)
+    assert 10 * cos(100) == pytest.approx(0.01)
     lin = so.ClipSchedule("linear", total_steps=100, decay_fraction=0.2, final_ratio=0.5)
-    assert lin.factor(80, 1, 1, 0) == 1.0
-    assert lin.factor(90, 1, 1, 0) == pytest.approx(0.75)
+    assert lin(80) == 1.0
+    assert lin(90) == pytest.approx(0.75)
     sq = so.ClipSchedule("sqrt", total_steps=100, decay_fraction=0.5, final_ratio=0.5)
-    assert sq.factor(75, 1, 1, 0) == pytest.approx(1 - 0.5 * math.sqrt(0.5))
+    assert sq(75) == pytest.approx(1 - 0.5 * math.sqrt(0.5))
 
 
 def soft_ref(X, c):
@@ -100,8 +105,12 @@ def test_lambda_lr_moves_the_lr_and_the_standard_clip_schedule_follows():
     X = torch.randn(6, 6, generator=g, dtype=torch.float64, requires_grad=True)
     grads = [10 * torch.randn(6, 6, generator=g, dtype=torch.float64) for _ in range(8)]
     c, peak, warmup = 0.3, 0.2, 4
-    opt = so.SGDM([X], lr=peak, beta=1.0, weight_decay=0.1, clip_c=c, warmup_steps=warmup)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, so.wsd_schedule(warmup, 8, 0.5))
+    lr_fn = so.wsd_schedule(warmup, 8, 0.5)
+    clip_schedule = so.standard_clip_schedule(lr_fn, warmup)
+    opt = so.SGDM(
+        [X], lr=peak, momentum=0.0, weight_decay=0.1, clip_c=c, clip_schedule=clip_schedule
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_fn)
     lrs = []
 
     def expected_c(k, lr):
@@ -111,19 +120,31 @@ def test_lambda_lr_moves_the_lr_and_the_standard_clip_schedule_follows():
     _sgd_clip_run(opt, X, grads, sched, expected_c)
     assert lrs[:4] == pytest.approx([0.05, 0.1, 0.15, 0.2])
     assert lrs[5] < peak
+    # c_k is observable: the threshold of the step about to be taken, or of any step.
+    assert opt.clip_threshold() == c
+    assert opt.clip_threshold(step=0) == pytest.approx(c * 4)
 
 
-def test_one_cycle_lr_peak_is_its_max_lr():
+def test_any_callable_is_a_clip_schedule_for_example_with_one_cycle_lr():
     g = torch.Generator().manual_seed(1)
     X = torch.randn(5, 7, generator=g, dtype=torch.float64, requires_grad=True)
     grads = [10 * torch.randn(5, 7, generator=g, dtype=torch.float64) for _ in range(10)]
     c, max_lr, warmup = 0.5, 0.4, 3
-    opt = so.SGDM([X], lr=0.1, beta=1.0, weight_decay=0.05, clip_c=c, warmup_steps=warmup)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
+    holder = {}
+
+    def one_cycle_standard(k):
+        return max_lr / holder["sched"].get_last_lr()[0] if k < warmup else 1.0
+
+    opt = so.SGDM(
+        [X], lr=0.1, momentum=0.0, weight_decay=0.05, clip_c=c, clip_schedule=one_cycle_standard
+    )
+    holder["sched"] = torch.optim.lr_scheduler.OneCycleLR(
         opt, max_lr=max_lr, total_steps=10, pct_start=0.3, cycle_momentum=False
     )
     assert opt.param_groups[0]["lr"] == pytest.approx(max_lr / 25)
-    _sgd_clip_run(opt, X, grads, sched, lambda k, lr: c * max_lr / lr if k < warmup else c)
+    _sgd_clip_run(
+        opt, X, grads, holder["sched"], lambda k, lr: c * max_lr / lr if k < warmup else c
+    )
 
 
 def test_one_cycle_lr_with_cycled_betas_matches_torch_adamw():
@@ -157,16 +178,16 @@ def test_pre_clip_cosine_schedule_decays_the_threshold():
     opt = so.SGDM(
         [X],
         lr=0.1,
-        beta=1.0,
+        momentum=0.0,
         weight_decay=0.0,
         clip_c=None,
         pre_clip_c=c_pre,
         pre_clip_schedule=sched_cfg,
     )
-    assert opt.param_groups[0]["pre_clip_schedule"]["kind"] == "cosine"
+    assert opt.param_groups[0]["pre_clip_schedule"] is sched_cfg
     for k in range(total):
         grad = 20 * torch.randn(6, 4, generator=g, dtype=torch.float64)
-        c_k = c_pre * sched_cfg.factor(k, 0.1, 0.1, 0)
+        c_k = c_pre * sched_cfg(k)
         expected = X.detach() - 0.1 * soft_ref(grad, c_k)
         X.grad = grad
         opt.step()
@@ -177,8 +198,8 @@ def test_pre_clip_cosine_schedule_decays_the_threshold():
 def test_clip_schedule_decay_for_post_clip():
     g = torch.Generator().manual_seed(3)
     X = torch.randn(5, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    cfg = {"kind": "linear", "total_steps": 4, "final_ratio": 0.25}
-    opt = so.SGDM([X], lr=0.1, beta=1.0, weight_decay=0.0, clip_c=1.0, clip_schedule=cfg)
+    cfg = so.ClipSchedule("linear", total_steps=4, final_ratio=0.25)
+    opt = so.SGDM([X], lr=0.1, momentum=0.0, weight_decay=0.0, clip_c=1.0, clip_schedule=cfg)
     for k in range(4):
         grad = 10 * torch.randn(5, 5, generator=g, dtype=torch.float64)
         expected = X.detach() - 0.1 * soft_ref(grad, 1.0 - 0.75 * k / 4)

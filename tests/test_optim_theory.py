@@ -26,7 +26,7 @@ OPTIMIZERS = {
     "Signum": lambda ps, **kw: so.Signum(ps, lr=5e-2, **kw),
     "AdEMAMix": lambda ps, **kw: so.AdEMAMix(ps, lr=5e-2, **kw),
     "MARS": lambda ps, **kw: so.MARS(ps, lr=5e-2, **kw),
-    "SGDM": lambda ps, **kw: so.SGDM(ps, lr=5e-2, beta=0.5, **kw),
+    "SGDM": lambda ps, **kw: so.SGDM(ps, lr=5e-2, momentum=0.5, **kw),
     "Spectra(torch AdamW)": lambda ps, **kw: so.Spectra(
         torch.optim.AdamW(ps, lr=5e-2, weight_decay=0.1), **kw
     ),
@@ -37,7 +37,7 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-@pytest.mark.parametrize("post", ["clip", "hard_clip"])
+@pytest.mark.parametrize("post", ["soft_clip", "hard_clip"])
 def test_step_spectral_norm_is_at_most_alpha_lr_c(name, post):
     # ‖X_{k+1} − (1−λη_k)X_k‖₂ ≤ α η_k c_k, checked with a float64 SVD, under an LR warmup
     # where the "standard" schedule makes c_k = c·η/η_k.
@@ -45,8 +45,10 @@ def test_step_spectral_norm_is_at_most_alpha_lr_c(name, post):
     shapes = [(12, 5), (5, 12), (7, 7)]
     ps = [torch.randn(s, generator=g, dtype=torch.float64).requires_grad_() for s in shapes]
     c, warmup = 0.05, 3
-    opt = OPTIMIZERS[name](ps, clip_c=c, post=post, warmup_steps=warmup)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, so.wsd_schedule(warmup, 20))
+    lr_fn = so.wsd_schedule(warmup, 20)
+    clip_schedule = so.standard_clip_schedule(lr_fn, warmup)
+    opt = OPTIMIZERS[name](ps, clip_c=c, post=post, clip_schedule=clip_schedule)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_fn)
     peak = opt.param_groups[0]["initial_lr"]
     for k in range(8):
         lr = opt.param_groups[0]["lr"]
@@ -66,7 +68,9 @@ def test_step_spectral_norm_is_at_most_alpha_lr_c(name, post):
             alpha = max(1.0, math.sqrt(m / n))
             step = p.detach() - (1 - lam * lr) * x
             norm = torch.linalg.matrix_norm(step, ord=2).item()
-            assert norm <= alpha * lr * c_k * (1 + 1e-9)
+            # The float64 Gram route of hard_clip resolves σ to ≈ ε·(σ_max/σ)²: up to ~1e-9
+            # relative on these spiked gradients (σ_max/c_k ≈ 1e6), depending on the LAPACK build.
+            assert norm <= alpha * lr * c_k * (1 + 1e-8)
         sched.step()
 
 
@@ -110,16 +114,15 @@ def projected_gradient_optimum(A, y, b, D2, iters=400):
 
 
 def frank_wolfe_sgdm(X: torch.Tensor, b: float, D2: float, **kw):
-    """SGDM with the Frank–Wolfe theorem's settings: β = 1, c = bD₂, α = λ/b, λη_k = 2/(k+2)."""
+    """SGDM with the Frank–Wolfe theorem's settings: β = 1 (momentum 0), c = bD₂, α = λ/b, λη_k = 2/(k+2)."""
     lam = 1.0 / D2
     opt = so.SGDM(
         [X],
         lr=2.0 / lam,
-        beta=1.0,
+        momentum=0.0,
         weight_decay=lam,
         clip_c=b * D2,
         clip_scale=lam / b,
-        clip_schedule="constant",
         **kw,
     )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (k + 2))

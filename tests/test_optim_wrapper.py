@@ -44,14 +44,16 @@ def feed(params, seed):
 SHAPES = [(9, 4), (9, 4), (4, 9), (6,), (2, 3, 3)]
 
 
-@pytest.mark.parametrize("post", ["clip", "orth"])
+@pytest.mark.parametrize("post", ["soft_clip", "orthogonalize"])
 def test_wrapper_around_torch_adamw_equals_spectra_adamw(post):
-    kw = {"clip_c": 0.3, "post": post, "warmup_steps": 3, "pre_clip_c": 1.5}
+    lr_fn = so.wsd_schedule(3, 12)
+    clip_schedule = so.standard_clip_schedule(lr_fn, 3)
+    kw = {"clip_c": 0.3, "post": post, "clip_schedule": clip_schedule, "pre_clip_c": 1.5}
     p1, p2 = make_params(SHAPES), make_params(SHAPES)
     o1 = so.AdamW(p1, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.2, **kw)
     o2 = so.Spectra(torch.optim.AdamW(p2, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.2), **kw)
-    s1 = torch.optim.lr_scheduler.LambdaLR(o1, so.wsd_schedule(3, 12))
-    s2 = torch.optim.lr_scheduler.LambdaLR(o2, so.wsd_schedule(3, 12))
+    s1 = torch.optim.lr_scheduler.LambdaLR(o1, lr_fn)
+    s2 = torch.optim.lr_scheduler.LambdaLR(o2, lr_fn)
     for k in range(12):
         feed(p1, k)
         feed(p2, k)

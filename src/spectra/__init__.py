@@ -29,6 +29,7 @@ from spectra.optim import (
     Spectra,
     SpectraOptimizer,
     cosine_schedule,
+    standard_clip_schedule,
     wsd_schedule,
 )
 
@@ -52,5 +53,6 @@ __all__ = [
     "orthogonalize",
     "soft_clip",
     "spectral_lmo",
+    "standard_clip_schedule",
     "wsd_schedule",
 ]

@@ -1,5 +1,6 @@
 """Spectral operators: pure functions over tensors whose last two dimensions are the matrix."""
 
+from spectra.ops.batched import batched_apply_
 from spectra.ops.lmo import lmo_singular_values, spectral_lmo
 from spectra.ops.spectral import (
     coordinate_clip,
@@ -15,6 +16,7 @@ from spectra.ops.spectral import (
 )
 
 __all__ = [
+    "batched_apply_",
     "coordinate_clip",
     "global_clip",
     "hard_clip",

@@ -21,6 +21,16 @@ def check_matrix_input(X: Tensor, name: str = "X") -> None:
         raise ValueError(f"{name} must have a floating dtype, got {X.dtype}")
 
 
+def check_finite(X: Tensor, name: str = "X") -> None:
+    """Reject inf and nan entries (one reduction; a host synchronisation on CUDA)."""
+    # min and max are finite exactly when every entry is (nan propagates); unlike isfinite
+    # this needs no temporary of X's size.
+    if X.numel() and not bool(torch.stack(torch.aminmax(X)).isfinite().all()):
+        raise ValueError(
+            f"{name} holds non-finite values (inf or nan); a spectral operator needs finite input"
+        )
+
+
 def check_threshold(c: float, name: str = "c") -> float:
     """Return ``c`` as a float after checking it is a finite positive number."""
     if isinstance(c, Tensor):

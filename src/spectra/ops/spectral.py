@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops._common import (
+    check_finite,
     check_matrix_input,
     check_threshold,
     compute_dtype,
@@ -58,6 +59,11 @@ POLAR_FP32_MAX_ALPHA = 1e5
 # σ/c ≲ 10·√(α/α_cap), which exist only for σ_max/c beyond 1e3 (float32) or 1e6 (float64).
 POLAR_MAX_ALPHA = {torch.float64: 1e12, torch.float32: 1e6}
 
+# Method "eigh" sums the float64 Gram matrix over GRAM_BLOCKS column blocks (of at least
+# GRAM_MIN_BLOCK columns), so that its float64 copy of X is an eighth of X at a time.
+GRAM_BLOCKS = 8
+GRAM_MIN_BLOCK = 64
+
 # Coefficients of the classic quintic Newton–Schulz iteration used by Muon
 # (K. Jordan et al., 2024): p(x) = a x + b x³ + c x⁵, 5 steps.
 MUON_NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -80,34 +86,38 @@ def _gram_eigh(Xw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     Returns ``(Q, sigma, scale)``: the eigenvectors Q of ``X̂X̂ᵀ`` where
     ``X̂ = X/scale`` and ``scale = max|X|`` per matrix, and the singular values
     ``sigma = scale·√μ`` of X (as float64). Normalising by the largest entry keeps
-    the Gram matrix finite for entries anywhere in the float range.
+    the Gram matrix finite for entries anywhere in the float range. The Gram matrix is
+    summed over column blocks, so that no whole float64 copy of X is made.
     """
-    X64 = Xw.to(torch.float64)
-    scale = X64.abs().amax(dim=(-2, -1), keepdim=True)
+    dims = (-2, -1)
+    scale = torch.maximum(Xw.amax(dim=dims, keepdim=True), -Xw.amin(dim=dims, keepdim=True))
+    scale = scale.to(torch.float64)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    Xh = X64 / safe
-    G = Xh @ Xh.mT
+    n = Xw.shape[-1]
+    block = max(GRAM_MIN_BLOCK, -(-n // GRAM_BLOCKS))
+    G = None
+    for j in range(0, n, block):
+        Xh = Xw[..., j : j + block].to(torch.float64, copy=True).div_(safe)
+        G = Xh @ Xh.mT if G is None else G.add_(Xh @ Xh.mT)
+        del Xh
     with single_thread_lapack(G.device):
         mu, Q = torch.linalg.eigh(G)
     sigma = mu.clamp_min(0.0).sqrt() * safe.squeeze(-1)
     return Q, sigma, safe
 
 
-def _apply_left(Q: Tensor, w: Tensor, Xw: Tensor, out_dtype: torch.dtype) -> Tensor:
-    """Return ``(Q diag(w) Qᵀ) X`` computed with float64 K and a working-precision product."""
-    K = (Q * w.unsqueeze(-2)) @ Q.mT
-    wd = compute_dtype(Xw)
-    return (K.to(wd) @ Xw.to(wd)).to(out_dtype)
-
-
 def _spectral_map_eigh(X: Tensor, weight) -> Tensor:
     """``X ↦ U diag(σ·w(σ)) Vᵀ`` through the eigen-decomposition of the small Gram matrix.
 
-    ``weight(sigma)`` returns ``w(σ) = φ(σ)/σ`` as float64.
+    ``weight(sigma)`` returns ``w(σ) = φ(σ)/σ`` as float64. The result is ``K X`` with
+    ``K = Q diag(w) Qᵀ`` formed in float64 and applied in the working precision.
     """
     Xw, transposed = wide_view(X)
     Q, sigma, _ = _gram_eigh(Xw)
-    Y = _apply_left(Q, weight(sigma), Xw, X.dtype)
+    wd = compute_dtype(Xw)
+    K = ((Q * weight(sigma).unsqueeze(-2)) @ Q.mT).to(wd)
+    del Q
+    Y = (K @ Xw.to(wd)).to(X.dtype)
     return Y.mT if transposed else Y
 
 
@@ -171,18 +181,19 @@ def soft_clip(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    if X.dim() == 1:
-        return _vector_rule(X, lambda r: torch.hypot(torch.ones_like(r), r / c).reciprocal())
     if method == "auto":
         method = _default_method(X)
+    if X.dim() > 1 and method == "polar":
+        return soft_clip_polar(X, c, tol=tol, dtype=ns_dtype)
+    if X.dim() > 1 and method == "paper":
+        return soft_clip_paper(X, c, ns_steps=ns_steps, dtype=ns_dtype)
+    check_finite(X)
+    if X.dim() == 1:
+        return _vector_rule(X, lambda r: torch.hypot(torch.ones_like(r), r / c).reciprocal())
     if method == "eigh":
         return _spectral_map_eigh(X, _soft_weight(c))
     if method == "svd":
         return _spectral_map_svd(X, lambda s: s * _soft_weight(c)(s))
-    if method == "polar":
-        return soft_clip_polar(X, c, tol=tol, dtype=ns_dtype)
-    if method == "paper":
-        return soft_clip_paper(X, c, ns_steps=ns_steps, dtype=ns_dtype)
     raise ValueError(
         f"unknown soft_clip method {method!r}; expected auto, eigh, svd, polar or paper"
     )
@@ -287,6 +298,7 @@ def soft_clip_polar(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
+    check_finite(X)
     if not (math.isfinite(tol) and 1e-6 <= tol < 1):
         raise ValueError(f"tol must be in [1e-6, 1), got {tol!r}")
     if X.dim() == 1:
@@ -312,7 +324,7 @@ def soft_clip_polar(
     return Y.mT if transposed else Y
 
 
-def misr(A: Tensor, alpha: Tensor, steps: int) -> Tensor:
+def misr(A: Tensor, alpha: Tensor, ns_steps: int) -> Tensor:
     r"""Matrix inverse square root by coupled Newton–Schulz (the paper's Algorithm 2, MISR).
 
     With ``Â = A/α``, ``Y₀ = Â``, ``Z₀ = I``, each step sets ``T = (3I − ZY)/2``,
@@ -321,7 +333,7 @@ def misr(A: Tensor, alpha: Tensor, steps: int) -> Tensor:
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     Y = A / alpha
     Z = eye.expand_as(A).clone()
-    for _ in range(steps):
+    for _ in range(ns_steps):
         T = 0.5 * (3.0 * eye - Z @ Y)
         Y = Y @ T
         Z = T @ Z
@@ -340,6 +352,7 @@ def soft_clip_paper(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
+    check_finite(X)
     if ns_steps < 0:
         raise ValueError(f"ns_steps must be >= 0, got {ns_steps}")
     wd = dtype or compute_dtype(X)
@@ -382,6 +395,7 @@ def hard_clip(X: Tensor, c: float, *, method: HardClipMethod = "auto") -> Tensor
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
+    check_finite(X)
     if X.dim() == 1:
         return _vector_rule(X, lambda r: torch.clamp(c / r, max=1.0) if r > 0 else r.new_ones(()))
     if method == "auto":
@@ -398,14 +412,14 @@ def hard_clip(X: Tensor, c: float, *, method: HardClipMethod = "auto") -> Tensor
 
 def newton_schulz_quintic(
     X: Tensor,
-    steps: int = 5,
+    ns_steps: int = 5,
     coeffs: tuple[float, float, float] = MUON_NS_COEFFS,
     dtype: torch.dtype = torch.bfloat16,
     eps: float = 1e-7,
 ) -> Tensor:
     r"""Muon's quintic Newton–Schulz iteration towards ``orth(X)``.
 
-    ``X₀ = X/max(‖X‖_F, ε)``, then ``A = XXᵀ``, ``X ← aX + (bA + cA²)X`` for ``steps`` steps
+    ``X₀ = X/max(‖X‖_F, ε)``, then ``A = XXᵀ``, ``X ← aX + (bA + cA²)X`` for ``ns_steps`` steps
     in ``dtype``. With the classic coefficients the singular values of the result lie in
     [0.68, 1.14] for ``σ/‖X‖_F ≥ 10⁻²`` rather than at 1 (K. Jordan, "Muon", 2024).
     """
@@ -416,7 +430,7 @@ def newton_schulz_quintic(
     shape = Xw.shape
     Y = Xw.to(dtype).reshape(-1, *shape[-2:]).clone()
     Y.div_(torch.linalg.vector_norm(Y, dim=(-2, -1), keepdim=True).clamp(min=eps))
-    for _ in range(steps):
+    for _ in range(ns_steps):
         A = Y @ Y.mT
         B = torch.baddbmm(A, A, A, beta=b, alpha=cc)
         Y = torch.baddbmm(Y, B, Y, beta=a)
@@ -425,7 +439,7 @@ def newton_schulz_quintic(
 
 
 def polar_express(
-    X: Tensor, steps: int = 5, dtype: torch.dtype = torch.float32, safety: float = 1.01
+    X: Tensor, ns_steps: int = 5, dtype: torch.dtype = torch.float32, safety: float = 1.01
 ) -> Tensor:
     r"""Orthogonalization by the greedy minimax quintics of "The Polar Express" (Amsel et al.).
 
@@ -436,13 +450,15 @@ def polar_express(
     for 5 steps, [0.9986, 1.0014] for 6. Smaller ones end in ``(0, 1.124]``.
     """
     coeffs = ORTH_COEFFS
-    if not 0 <= steps <= len(coeffs):
-        raise ValueError(f"steps must be in [0, {len(coeffs)}] for polar_express, got {steps}")
+    if not 0 <= ns_steps <= len(coeffs):
+        raise ValueError(
+            f"ns_steps must be in [0, {len(coeffs)}] for polar_express, got {ns_steps}"
+        )
     Xw, transposed = wide_view(X)
     X64 = Xw.to(torch.float64)  # the norm of any finite input, without under/overflow
     norm = torch.linalg.matrix_norm(X64, ord="fro")[..., None, None] * safety
     Y = (X64 / torch.where(norm > 0, norm, torch.ones_like(norm))).to(dtype)
-    for a, b, cc in coeffs[:steps]:
+    for a, b, cc in coeffs[:ns_steps]:
         A = Y @ Y.mT
         B = b * A + cc * (A @ A)
         Y = a * Y + B @ Y
@@ -454,7 +470,7 @@ def orthogonalize(
     X: Tensor,
     *,
     method: OrthMethod = "auto",
-    steps: int = 5,
+    ns_steps: int = 5,
     ns_dtype: torch.dtype | None = None,
 ) -> Tensor:
     r"""Orthogonalization ``orth(X) = UVᵀ``, Muon's operator.
@@ -463,20 +479,21 @@ def orthogonalize(
         X: tensor whose last two dimensions are the matrix; 1-D tensors map to ``x/‖x‖``.
         method: ``"auto"``/``"svd"`` (exact: float64 SVD, singular values zero below
             ``σ_max · max(m, n) · ε₆₄`` stay zero), ``"muon"`` (the classic quintic
-            Newton–Schulz, ``steps`` steps in ``ns_dtype``, default bfloat16; singular values
+            Newton–Schulz, ``ns_steps`` steps in ``ns_dtype``, default bfloat16; singular values
             with ``σ/‖X‖_F ≥ 10⁻²`` end in [0.68, 1.14] after 5 steps, those ``≥ 10⁻³`` in
             [0.47, 1.21]), or
-            ``"polar_express"`` (greedy minimax quintics, ``steps`` steps in ``ns_dtype``,
+            ``"polar_express"`` (greedy minimax quintics, ``ns_steps`` steps in ``ns_dtype``,
             default float32; band [0.876, 1.124] after 5 steps, [0.9986, 1.0014] after 6,
             for ``σ/‖X‖_F ≥ 10⁻³``). The bands are computed in docs/operators.md.
-        steps: iterations of the ``"muon"``/``"polar_express"`` schedules.
+        ns_steps: iterations of the ``"muon"``/``"polar_express"`` schedules.
         ns_dtype: working precision of the iterative methods.
     """
     check_matrix_input(X)
+    check_finite(X)
     if X.dim() == 1:
         return _vector_rule(X, lambda r: r.reciprocal() if r > 0 else r.new_zeros(()))
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
+    if ns_steps < 0:
+        raise ValueError(f"ns_steps must be >= 0, got {ns_steps}")
     if method == "auto":
         method = "svd"
     if method == "svd":
@@ -487,9 +504,9 @@ def orthogonalize(
 
         return _spectral_map_svd(X, phi)
     if method == "muon":
-        return newton_schulz_quintic(X, steps=steps, dtype=ns_dtype or torch.bfloat16)
+        return newton_schulz_quintic(X, ns_steps=ns_steps, dtype=ns_dtype or torch.bfloat16)
     if method == "polar_express":
-        return polar_express(X, steps=steps, dtype=ns_dtype or torch.float32)
+        return polar_express(X, ns_steps=ns_steps, dtype=ns_dtype or torch.float32)
     raise ValueError(
         f"unknown orthogonalize method {method!r}; expected auto, svd, muon or polar_express"
     )

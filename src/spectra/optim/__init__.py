@@ -1,15 +1,23 @@
-"""SPECTRA optimizers: base directions inside the shared SPECTRA step, a wrapper for any torch
+"""SPECTRA optimizers: base directions inside the shared SPECTRA chain, a wrapper for any torch
 optimizer, and LR / clipping schedules.
 
-See ``docs/optimizers.md`` for the settings and their defaults.
+See ``docs/optimizers.md`` for the settings and their defaults, and ``docs/architecture.md``
+for the flow of one step.
 """
 
 from spectra.optim.adamw import AdamW
 from spectra.optim.ademamix import AdEMAMix
-from spectra.optim.base import SPECTRA_DEFAULTS, SpectraOptimizer
+from spectra.optim.base import SpectraOptimizer
+from spectra.optim.chain import ParamPlan, SpectralOp, spectra_step
 from spectra.optim.dmuon import DMuon, dmuon_param_groups
 from spectra.optim.mars import MARS
-from spectra.optim.schedules import ClipSchedule, cosine_schedule, wsd_schedule
+from spectra.optim.schedules import (
+    ClipSchedule,
+    cosine_schedule,
+    standard_clip_schedule,
+    wsd_schedule,
+)
+from spectra.optim.settings import SPECTRA_DEFAULTS
 from spectra.optim.sgdm import SGDM
 from spectra.optim.signum import Signum
 from spectra.optim.soap import SOAP
@@ -24,10 +32,14 @@ __all__ = [
     "AdamW",
     "ClipSchedule",
     "DMuon",
+    "ParamPlan",
     "Signum",
     "Spectra",
     "SpectraOptimizer",
+    "SpectralOp",
     "cosine_schedule",
     "dmuon_param_groups",
+    "spectra_step",
+    "standard_clip_schedule",
     "wsd_schedule",
 ]

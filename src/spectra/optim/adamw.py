@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spectra.optim.base import DEFAULT_CHUNK_SIZE, SpectraOptimizer, check_beta, check_nonnegative
+from spectra.optim.base import SpectraOptimizer
+from spectra.validate import check_number, check_pair
 
 
 def adam_direction(
@@ -45,15 +46,16 @@ class AdamW(SpectraOptimizer):
     Base direction ``U = m̂/(√v̂ + ε)``; update ``X ← (1−λη)X − αη·H_{c_k}(U)``.
     With ``clip_c=None`` this is ``torch.optim.AdamW`` (same state, same update up to float
     round-off). Defaults follow the paper's tables (lr 1e-3, betas (0.9, 0.999), λ = 0.1,
-    c = 10, "standard" clip schedule).
+    c = 10; the paper's "standard" clip schedule is
+    :func:`~spectra.optim.schedules.standard_clip_schedule`).
 
     Args:
         params: parameters or param groups.
         lr, betas, eps, weight_decay: AdamW hyperparameters.
         **spectra: SPECTRA settings (``clip_c``, ``clip_scale``, ``clip_method``,
-            ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``,
-            ``warmup_steps``, ``peak_lr``); see ``docs/optimizers.md``.
-        nonfinite, chunk_size: see :class:`~spectra.optim.base.SpectraOptimizer`.
+            ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``);
+            see :mod:`spectra.optim.settings` and ``docs/optimizers.md``.
+        nonfinite, batch_elements: see :class:`~spectra.optim.base.SpectraOptimizer`.
     """
 
     def __init__(
@@ -65,21 +67,20 @@ class AdamW(SpectraOptimizer):
         weight_decay: float = 0.1,
         *,
         nonfinite: str = "raise",
-        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        batch_elements: int | None = None,
         **spectra: Any,
     ) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(params, defaults, spectra, nonfinite=nonfinite, chunk_size=chunk_size)
+        super().__init__(
+            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+        )
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        check_nonnegative(group["lr"], "lr")
-        check_nonnegative(group["eps"], "eps")
-        check_nonnegative(group["weight_decay"], "weight_decay")
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair, got {betas!r}")
-        check_beta(betas[0], "betas[0]")
-        check_beta(betas[1], "betas[1]")
+        check_number("lr", group["lr"], low=0.0)
+        check_number("eps", group["eps"], low=0.0)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        if len(check_pair("betas", group["betas"])) != 2:
+            raise ValueError(f"betas must be a pair, got {group['betas']!r}")
 
     def _init_state(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)

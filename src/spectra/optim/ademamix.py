@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spectra.optim.base import DEFAULT_CHUNK_SIZE, SpectraOptimizer, check_beta, check_nonnegative
+from spectra.optim.base import SpectraOptimizer
+from spectra.validate import check_int, check_number, check_pair
 
 
 def alpha_schedule(step: int, alpha: float, warmup: int | None) -> float:
@@ -54,7 +55,7 @@ class AdEMAMix(SpectraOptimizer):
         weight_decay: float = 0.1,
         *,
         nonfinite: str = "raise",
-        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        batch_elements: int | None = None,
         **spectra: Any,
     ) -> None:
         defaults = {
@@ -66,22 +67,21 @@ class AdEMAMix(SpectraOptimizer):
             "eps": eps,
             "weight_decay": weight_decay,
         }
-        super().__init__(params, defaults, spectra, nonfinite=nonfinite, chunk_size=chunk_size)
+        super().__init__(
+            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+        )
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        check_nonnegative(group["lr"], "lr")
-        check_nonnegative(group["eps"], "eps")
-        check_nonnegative(group["weight_decay"], "weight_decay")
-        check_nonnegative(group["alpha"], "alpha")
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 3:
-            raise ValueError(f"betas must be a triple (beta1, beta2, beta3), got {betas!r}")
-        for i, b in enumerate(betas):
-            check_beta(b, f"betas[{i}]")
+        check_number("lr", group["lr"], low=0.0)
+        check_number("eps", group["eps"], low=0.0)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        check_number("alpha", group["alpha"], low=0.0)
+        if len(check_pair("betas", group["betas"])) != 3:
+            raise ValueError(
+                f"betas must be a triple (beta1, beta2, beta3), got {group['betas']!r}"
+            )
         for key in ("alpha_warmup", "beta3_warmup"):
-            w = group[key]
-            if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-                raise ValueError(f"{key} must be None or an int >= 1, got {w!r}")
+            check_int(key, group[key], low=1, none_ok=True)
 
     def _init_state(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
         for key in ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq"):

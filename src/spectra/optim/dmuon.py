@@ -30,7 +30,7 @@ from torch.optim import Optimizer
 
 from spectra.ops import newton_schulz_quintic
 from spectra.ops.spectral import MUON_NS_COEFFS
-from spectra.optim.base import check_number
+from spectra.validate import check_int, check_number, check_pair
 
 # Dimensions at or above this go to AdamW under the default rule: the embedding and the
 # output head of a language model (footnote to the memory table of the SPECTRA paper:
@@ -115,7 +115,7 @@ def muon_update(
     momentum_buffer.lerp_(grad, 1 - momentum)
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
     matrix = update.reshape(update.shape[0], -1)
-    ortho = newton_schulz_quintic(matrix, steps=ns_steps, coeffs=MUON_NS_COEFFS)
+    ortho = newton_schulz_quintic(matrix, ns_steps=ns_steps, coeffs=MUON_NS_COEFFS)
     scale = RMS_MATCH * math.sqrt(max(matrix.shape))
     param.mul_(1 - lr * weight_decay)
     param.add_(ortho.view_as(param), alpha=-lr * scale)
@@ -200,18 +200,13 @@ class DMuon(Optimizer):
 
     @staticmethod
     def _validate(group: dict[str, Any]) -> None:
-        check_number("lr", group["lr"], 0.0)
-        check_number("momentum", group["momentum"], 0.0, 1.0)
-        check_number("weight_decay", group["weight_decay"], 0.0)
-        check_number("adamw_eps", group["adamw_eps"], 0.0)
-        ns_steps = group["ns_steps"]
-        if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
-            raise ValueError(f"ns_steps must be an integer >= 1, got {ns_steps!r}")
-        betas = group["adamw_betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"adamw_betas must be a pair of numbers, got {betas!r}")
-        check_number("adamw_betas[0]", betas[0], 0.0, 1.0)
-        check_number("adamw_betas[1]", betas[1], 0.0, 1.0)
+        check_number("lr", group["lr"], low=0.0)
+        check_number("momentum", group["momentum"], low=0.0, high=1.0, high_open=True)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        check_number("adamw_eps", group["adamw_eps"], low=0.0)
+        check_int("ns_steps", group["ns_steps"], low=1)
+        if len(check_pair("adamw_betas", group["adamw_betas"])) != 2:
+            raise ValueError(f"adamw_betas must be a pair, got {group['adamw_betas']!r}")
         if not isinstance(group["nesterov"], bool):
             raise ValueError(f"nesterov must be a bool, got {group['nesterov']!r}")
         if group["use_muon"] not in (None, True, False):

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from spectra.optim.adamw import adam_direction
-from spectra.optim.base import DEFAULT_CHUNK_SIZE, SpectraOptimizer, check_beta, check_nonnegative
+from spectra.optim.base import SpectraOptimizer
+from spectra.validate import check_number, check_pair
 
 
 def _uses_mars(p: Tensor) -> bool:
@@ -44,7 +45,7 @@ class MARS(SpectraOptimizer):
         weight_decay_1d: float | None = None,
         *,
         nonfinite: str = "raise",
-        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        batch_elements: int | None = None,
         **spectra: Any,
     ) -> None:
         defaults = {
@@ -57,19 +58,18 @@ class MARS(SpectraOptimizer):
             "betas_1d": betas_1d,
             "weight_decay_1d": weight_decay_1d,
         }
-        super().__init__(params, defaults, spectra, nonfinite=nonfinite, chunk_size=chunk_size)
+        super().__init__(
+            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+        )
 
     def _check_group(self, group: dict[str, Any]) -> None:
         for key in ("lr", "eps", "weight_decay", "gamma", "lr_1d_factor"):
-            check_nonnegative(group[key], key)
+            check_number(key, group[key], low=0.0)
         if group["weight_decay_1d"] is not None:
-            check_nonnegative(group["weight_decay_1d"], "weight_decay_1d")
+            check_number("weight_decay_1d", group["weight_decay_1d"], low=0.0)
         for key in ("betas", "betas_1d"):
-            betas = group[key]
-            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-                raise ValueError(f"{key} must be a pair, got {betas!r}")
-            check_beta(betas[0], f"{key}[0]")
-            check_beta(betas[1], f"{key}[1]")
+            if len(check_pair(key, group[key])) != 2:
+                raise ValueError(f"{key} must be a pair, got {group[key]!r}")
 
     def _param_rules(self, group: dict[str, Any], p: Tensor) -> tuple[float, float]:
         if _uses_mars(p):

@@ -4,34 +4,29 @@ The LR schedules return callable objects ``factor(step) -> float`` for
 ``torch.optim.lr_scheduler.LambdaLR``; being objects rather than lambdas, their settings are
 saved in the scheduler's ``state_dict``.
 
-``ClipSchedule`` is the clipping-threshold schedule 𝒮_c of "Enhancing LLM Training via Spectral
-Clipping" (Algorithm SPECTRA): it maps the step k and the current and peak learning rates to
-the multiplier ``c_k / c``.
+A clipping-threshold schedule 𝒮_c of "Enhancing LLM Training via Spectral Clipping" (Algorithm
+SPECTRA) is likewise a callable ``factor(step) -> float`` giving ``c_k / c``: ``ClipSchedule``
+for fixed shapes, :func:`standard_clip_schedule` for the paper's rule tied to the LR schedule.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
-ClipScheduleKind = Literal["standard", "constant", "linear", "cosine", "sqrt"]
-CLIP_SCHEDULE_KINDS: tuple[str, ...] = ("standard", "constant", "linear", "cosine", "sqrt")
+from spectra.validate import check_choice, check_int, check_number
+
+ClipScheduleKind = Literal["constant", "linear", "cosine", "sqrt"]
+CLIP_SCHEDULE_KINDS: tuple[str, ...] = ("constant", "linear", "cosine", "sqrt")
 
 
 def _check_steps(warmup_steps: int, total_steps: int) -> None:
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
-    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-        raise ValueError(f"total_steps must be an int >= 1, got {total_steps!r}")
+    check_int("warmup_steps", warmup_steps, low=0)
+    check_int("total_steps", total_steps, low=1)
     if warmup_steps > total_steps:
         raise ValueError(f"warmup_steps={warmup_steps} exceeds total_steps={total_steps}")
-
-
-def _check_fraction(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
 
 
 def _warmup_factor(step: int, warmup_steps: int) -> float:
@@ -82,7 +77,7 @@ def wsd_schedule(warmup_steps: int, total_steps: int, decay_fraction: float = 0.
     ``K_d = K − round(decay_fraction·K)`` (the paper's WSD: sqrt decay to zero over the last 20%).
     """
     _check_steps(warmup_steps, total_steps)
-    decay_fraction = _check_fraction(decay_fraction, "decay_fraction")
+    decay_fraction = check_number("decay_fraction", decay_fraction, low=0.0, high=1.0)
     if warmup_steps > total_steps - round(decay_fraction * total_steps):
         raise ValueError(
             f"warmup_steps={warmup_steps} overlaps the decay phase "
@@ -100,82 +95,45 @@ def cosine_schedule(
     ``t = (k − K_w)/(K − K_w)`` clamped to [0, 1] and ``r = final_ratio``.
     """
     _check_steps(warmup_steps, total_steps)
-    final_ratio = _check_fraction(final_ratio, "final_ratio")
+    final_ratio = check_number("final_ratio", final_ratio, low=0.0, high=1.0)
     return CosineSchedule(warmup_steps, total_steps, final_ratio)
 
 
 @dataclass(frozen=True)
 class ClipSchedule:
-    r"""Clipping-threshold schedule 𝒮_c: ``c_k = c · factor(k)``.
+    r"""A clipping-threshold schedule 𝒮_c as a ``step → factor`` callable: ``c_k = c·factor(k)``.
 
     kinds:
 
-    - ``"standard"`` (the paper's default): ``c_k = c·η/η_k`` while ``k < warmup_steps`` (the
-      param group's ``warmup_steps`` key), so that the update capacity ``c_k η_k`` stays at
-      ``c η`` during LR warmup; ``c_k = c`` afterwards. ``η`` is the peak LR (see
-      ``docs/optimizers.md`` for how it is found) and ``η_k`` the group's current ``lr``.
-    - ``"constant"``: ``c_k = c``.
-    - ``"linear"``, ``"cosine"``, ``"sqrt"``: ``c`` until the last ``decay_fraction`` of
-      ``total_steps``, then a decay to ``final_ratio·c`` at ``total_steps`` (with
-      ``t ∈ [0, 1]`` the progress through the decay: ``1 − (1−r)t``,
-      ``r + (1−r)(1 + cos πt)/2``, ``1 − (1−r)√t``).
+    - ``"constant"``: ``factor = 1``.
+    - ``"linear"``, ``"cosine"``, ``"sqrt"``: 1 until the last ``decay_fraction`` of
+      ``total_steps``, then a decay to ``final_ratio`` at ``total_steps`` (with ``t ∈ [0, 1]``
+      the progress through the decay: ``1 − (1−r)t``, ``r + (1−r)(1 + cos πt)/2``,
+      ``1 − (1−r)√t``).
 
-    A group stores its schedule as a plain dict (``as_dict``) so that optimizer checkpoints load
-    with ``torch.load(weights_only=True)``.
+    The paper's "standard" rule depends on the learning-rate schedule; it is
+    :func:`standard_clip_schedule`. Any other callable ``step → factor`` works as well.
     """
 
-    kind: ClipScheduleKind = "standard"
+    kind: ClipScheduleKind = "constant"
     total_steps: int | None = None
     decay_fraction: float = 1.0
     final_ratio: float = 1e-3
 
     def __post_init__(self) -> None:
-        if self.kind not in CLIP_SCHEDULE_KINDS:
-            raise ValueError(
-                f"unknown clip schedule kind {self.kind!r}; expected one of {CLIP_SCHEDULE_KINDS}"
-            )
-        _check_fraction(self.decay_fraction, "decay_fraction")
-        fr = self.final_ratio
-        if isinstance(fr, bool) or not isinstance(fr, (int, float)) or not 0.0 < fr <= 1.0:
-            raise ValueError(f"final_ratio must be a number in (0, 1], got {fr!r}")
-        if self.kind in ("linear", "cosine", "sqrt"):
-            ts = self.total_steps
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 1:
-                raise ValueError(
-                    f"clip schedule {self.kind!r} needs total_steps (an int >= 1), got {ts!r}"
-                )
+        check_choice("clip schedule kind", self.kind, CLIP_SCHEDULE_KINDS)
+        check_number("decay_fraction", self.decay_fraction, low=0.0, high=1.0)
+        check_number("final_ratio", self.final_ratio, low=0.0, high=1.0, low_open=True)
+        if self.kind != "constant":
+            check_int(f"total_steps of the {self.kind!r} clip schedule", self.total_steps, low=1)
 
-    @classmethod
-    def coerce(cls, value: Any) -> ClipSchedule:
-        """Build a schedule from a kind name, a dict of fields, or a ``ClipSchedule``."""
-        if isinstance(value, ClipSchedule):
-            return value
-        if isinstance(value, str):
-            return cls(kind=value)  # type: ignore[arg-type]
-        if isinstance(value, dict):
-            unknown = set(value) - {"kind", "total_steps", "decay_fraction", "final_ratio"}
-            if unknown:
-                raise ValueError(f"unknown clip schedule fields {sorted(unknown)}")
-            return cls(**value)
-        raise ValueError(
-            f"a clip schedule must be a kind name, a dict or a ClipSchedule, got {value!r}"
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def factor(self, step: int, lr: float, peak_lr: float, warmup_steps: int) -> float:
-        """Return ``c_k / c`` at 0-based ``step`` (``inf`` means no clipping this step)."""
-        if self.kind == "standard":
-            if step < warmup_steps:
-                return peak_lr / lr if lr > 0 else math.inf
-            return 1.0
+    def __call__(self, step: int) -> float:
+        """``c_k / c`` at 0-based ``step``."""
         if self.kind == "constant":
             return 1.0
-        total = self.total_steps
-        assert total is not None
-        decay_steps = self.decay_fraction * total
-        start = total - decay_steps
+        assert self.total_steps is not None
+        decay_steps = self.decay_fraction * self.total_steps
+        start = self.total_steps - decay_steps
         if step < start or decay_steps <= 0:
             return 1.0
         t = min(1.0, (step - start) / decay_steps)
@@ -185,3 +143,33 @@ class ClipSchedule:
         if self.kind == "cosine":
             return r + (1.0 - r) * 0.5 * (1.0 + math.cos(math.pi * t))
         return 1.0 - (1.0 - r) * math.sqrt(t)
+
+
+@dataclass(frozen=True)
+class StandardClipSchedule:
+    """The paper's "standard" clip schedule; build it with :func:`standard_clip_schedule`."""
+
+    lr_lambda: Callable[[int], float]
+    warmup_steps: int
+
+    def __call__(self, step: int) -> float:
+        if step >= self.warmup_steps:
+            return 1.0
+        factor = self.lr_lambda(step)
+        return 1.0 / factor if factor > 0 else math.inf
+
+
+def standard_clip_schedule(
+    lr_lambda: Callable[[int], float], warmup_steps: int
+) -> StandardClipSchedule:
+    r"""The "standard" clipping schedule of Algorithm SPECTRA: ``c_k = c·η/η_k`` during warmup.
+
+    With the learning rate ``η_k = η·S(k)`` given by the ``LambdaLR`` factor ``S = lr_lambda``
+    (peak 1), ``c_k = c/S(k)`` for ``k < warmup_steps``, so that the update capacity
+    ``c_k·η_k`` stays at ``c·η`` while the learning rate warms up, and ``c_k = c`` afterwards.
+    ``S(k) = 0`` gives ``c_k = ∞``: no clipping at that step. Pass the same ``lr_lambda`` object
+    that drives the ``LambdaLR`` scheduler.
+    """
+    if not callable(lr_lambda):
+        raise ValueError(f"lr_lambda must be callable, got {lr_lambda!r}")
+    return StandardClipSchedule(lr_lambda, check_int("warmup_steps", warmup_steps, low=0))

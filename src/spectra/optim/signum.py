@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spectra.optim.base import DEFAULT_CHUNK_SIZE, SpectraOptimizer, check_beta, check_nonnegative
+from spectra.optim.base import SpectraOptimizer
+from spectra.validate import check_number
 
 
 def signum_direction(
@@ -51,7 +52,7 @@ class Signum(SpectraOptimizer):
         weight_decay: float = 0.1,
         *,
         nonfinite: str = "raise",
-        chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        batch_elements: int | None = None,
         **spectra: Any,
     ) -> None:
         defaults = {
@@ -60,12 +61,14 @@ class Signum(SpectraOptimizer):
             "nesterov": nesterov,
             "weight_decay": weight_decay,
         }
-        super().__init__(params, defaults, spectra, nonfinite=nonfinite, chunk_size=chunk_size)
+        super().__init__(
+            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+        )
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        check_nonnegative(group["lr"], "lr")
-        check_nonnegative(group["weight_decay"], "weight_decay")
-        check_beta(group["momentum"], "momentum")
+        check_number("lr", group["lr"], low=0.0)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        check_number("momentum", group["momentum"], low=0.0, high=1.0, high_open=True)
         if not isinstance(group["nesterov"], bool):
             raise ValueError(f"nesterov must be a bool, got {group['nesterov']!r}")
 

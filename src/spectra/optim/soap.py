@@ -50,7 +50,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from spectra.ops._common import compute_dtype
-from spectra.optim.base import check_number
+from spectra.validate import check_int, check_number, check_pair
 
 
 def rotate(x: Tensor, bases: list[Tensor | None]) -> Tensor:
@@ -107,11 +107,6 @@ def _power_iteration(
     return new_bases, exp_avg_sq
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
 class SOAP(Optimizer):
     r"""SOAP (Vyas et al., 2024): Adam run in the slowly updated eigenbasis of Shampoo.
 
@@ -162,17 +157,14 @@ class SOAP(Optimizer):
 
     @staticmethod
     def _validate(group: dict[str, Any]) -> None:
-        check_number("lr", group["lr"], 0.0)
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair of numbers, got {betas!r}")
-        check_number("betas[0]", betas[0], 0.0, 1.0)
-        check_number("betas[1]", betas[1], 0.0, 1.0)
-        check_number("shampoo_beta", group["shampoo_beta"], -math.inf, 1.0)
-        check_number("eps", group["eps"], 0.0)
-        check_number("weight_decay", group["weight_decay"], 0.0)
-        _check_int("precondition_frequency", group["precondition_frequency"], 1)
-        _check_int("max_precond_dim", group["max_precond_dim"], 0)
+        check_number("lr", group["lr"], low=0.0)
+        if len(check_pair("betas", group["betas"])) != 2:
+            raise ValueError(f"betas must be a pair, got {group['betas']!r}")
+        check_number("shampoo_beta", group["shampoo_beta"], high=1.0, high_open=True)
+        check_number("eps", group["eps"], low=0.0)
+        check_number("weight_decay", group["weight_decay"], low=0.0)
+        check_int("precondition_frequency", group["precondition_frequency"], low=1)
+        check_int("max_precond_dim", group["max_precond_dim"], low=0)
         if not isinstance(group["precondition_1d"], bool):
             raise ValueError(f"precondition_1d must be a bool, got {group['precondition_1d']!r}")
 

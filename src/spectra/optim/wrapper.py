@@ -1,10 +1,13 @@
 r"""``Spectra``: SPECTRA around any torch optimizer with decoupled weight decay.
 
-For each parameter in turn the wrapper recovers the base optimizer's direction without copying
-the weights: it points the base's param groups at that one parameter, swaps ``p.data`` for a
-zeroed buffer, calls ``base.step()`` — the buffer becomes ``−η·U`` — restores ``p.data`` and
-applies ``X ← (1 − λη)X − αη·post(U)`` in place. At most one parameter-sized buffer (plus the
-operator's temporaries for that one parameter) is alive at a time.
+The wrapper is :class:`~spectra.optim.base.SpectraOptimizer` with the wrapped optimizer as its
+direction link. It recovers the base's directions without copying the weights: for a chunk of
+about an eighth of the parameters at a time, it points the base's param groups at that chunk,
+swaps each ``p.data`` for a zeroed buffer, calls ``base.step()`` — each buffer becomes
+``−η·U`` — restores the weights and groups, and hands ``U`` to the SPECTRA chain, which
+applies ``X ← (1 − λη)X − αη·post(U)`` in place. Only one chunk's buffers (and the base's
+temporaries for that chunk) are alive at a time; a non-finite direction stops the step before
+its chunk's update, after earlier chunks were applied.
 
 Assumption: the base's update of a parameter depends on the parameter's value only through
 decoupled weight decay. That holds for AdamW, Adam/SGD/RMSprop without weight decay, Lion,
@@ -17,29 +20,20 @@ as SPECTRA's decoupled λ.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from spectra.optim.base import (
-    SPECTRA_DEFAULTS,
-    check_nonfinite,
-    clip_scale,
-    handle_nonfinite,
-    matrix_shape,
-    post_active,
-    post_threshold,
-    pre_clip,
-    pre_threshold,
-    spectral_post,
-    spectral_settings,
-)
+from spectra.optim.base import SpectraOptimizer, Work
+from spectra.optim.settings import check_spectra_settings, keep_schedules, schedules_of
+
+#: The wrapper runs the chain over chunks of ``max(largest parameter, total / CHUNKS)`` elements.
+CHUNKS = 8
 
 
-class Spectra(Optimizer):
+class Spectra(SpectraOptimizer):
     r"""Wrap ``base_optimizer`` so each step is ``X ← (1−λη)X − αη·H_{c_k}(U)``.
 
     ``U`` is the base's direction, ``η`` and ``λ`` the group's ``lr`` and ``weight_decay``.
@@ -51,49 +45,87 @@ class Spectra(Optimizer):
     Args:
         base_optimizer: a constructed ``torch.optim.Optimizer``; see the module docstring for
             the assumption it must satisfy.
-        nonfinite: ``"raise"`` or ``"skip"`` (see :class:`~spectra.optim.base.SpectraOptimizer`).
-        **spectra: SPECTRA settings (``clip_c``, ``clip_scale``, ``clip_method``,
-            ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``,
-            ``warmup_steps``, ``peak_lr``) used where a group does not set its own.
+        nonfinite, batch_elements: see :class:`~spectra.optim.base.SpectraOptimizer`.
+        **spectra: SPECTRA settings (see :mod:`spectra.optim.settings`) used where a group does
+            not set its own.
     """
 
-    def __init__(self, base_optimizer: Optimizer, *, nonfinite: str = "raise", **spectra: Any):
+    def __init__(
+        self,
+        base_optimizer: Optimizer,
+        *,
+        nonfinite: str = "raise",
+        batch_elements: int | None = None,
+        **spectra: Any,
+    ) -> None:
         if not isinstance(base_optimizer, Optimizer):
             raise ValueError(
                 f"base_optimizer must be a torch.optim.Optimizer, got {type(base_optimizer)!r}"
             )
         if isinstance(base_optimizer, Spectra):
             raise ValueError("base_optimizer is already a Spectra optimizer")
-        unknown = set(spectra) - set(SPECTRA_DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown SPECTRA settings {sorted(unknown)}")
-        settings = {**SPECTRA_DEFAULTS, **spectra}
-        spectral_settings(settings)
         self.base = base_optimizer
         self._initialised = False
-        defaults = {**base_optimizer.defaults, **settings, "nonfinite": check_nonfinite(nonfinite)}
-        self.num_skipped_steps = 0
-        super().__init__(base_optimizer.param_groups, defaults)
+        super().__init__(
+            base_optimizer.param_groups,
+            dict(base_optimizer.defaults),
+            spectra,
+            nonfinite=nonfinite,
+            batch_elements=batch_elements,
+        )
         # The same group dicts and the same list: schedulers and add_param_group see one truth.
         self.param_groups = base_optimizer.param_groups
         self._initialised = True
 
+    def _chunk_elements(self, params: list[Tensor]) -> int | None:
+        # The base's own step keeps full-size temporaries of whatever it is given (torch's
+        # foreach AdamW: one), so the wrapper hands it an eighth of the parameters at a time.
+        sizes = [p.numel() for p in params]
+        return max(max(sizes), -(-sum(sizes) // CHUNKS))
+
+    def _directions(self, work: Work, idx: list[int], grads: list[Tensor]) -> list[Tensor]:
+        """``base.step()`` on zeroed stand-ins for the weights ``idx``: each becomes ``−η·U``."""
+        where = [(group, p) for group, params in work for p in params]
+        params = [where[i][1] for i in idx]
+        chosen = set(map(id, params))
+        groups = self.param_groups
+        saved_groups = [g["params"] for g in groups]
+        saved = [(p.data, p.grad) for p in params]
+        bufs = [torch.zeros_like(p) for p in params]
+        try:
+            for g in groups:
+                g["params"] = [p for p in g["params"] if id(p) in chosen]
+            for p, buf, grad in zip(params, bufs, grads, strict=True):
+                p.data = buf
+                p.grad = grad
+            self.base.step()
+        finally:
+            for p, (data, grad) in zip(params, saved, strict=True):
+                p.data = data
+                p.grad = grad
+            for g, ps in zip(groups, saved_groups, strict=True):
+                g["params"] = ps
+        # The base's decoupled weight decay acted on zeros. With η = 0 the step cannot move
+        # the weights, and U stays 0.
+        lrs = [float(where[i][0]["lr"]) for i in idx]
+        torch._foreach_div_(bufs, [-lr if lr != 0.0 else 1.0 for lr in lrs])
+        return bufs
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if not self._initialised:
-            super().add_param_group(param_group)  # registers the base's existing group
+            Optimizer.add_param_group(self, param_group)  # registers the base's existing group
         else:
             self.base.add_param_group(param_group)
         group = self.param_groups[-1]
         for key, value in self.defaults.items():
             group.setdefault(key, value)
-        spectral_settings(group)
+        check_spectra_settings(group)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "base": self.base}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.__dict__.setdefault("num_skipped_steps", 0)
         self.__dict__.setdefault("_initialised", True)
         if "base" in state:
             self.param_groups = self.base.param_groups
@@ -110,66 +142,8 @@ class Spectra(Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         base_state = state_dict.pop("base_state")
+        built = schedules_of(self.param_groups)
         super().load_state_dict(state_dict)
         self.base.load_state_dict({"state": base_state, "param_groups": state_dict["param_groups"]})
         self.param_groups = self.base.param_groups
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One SPECTRA step around the base optimizer; ``closure`` is called once."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        groups = self.param_groups
-        grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
-        if not grads or not handle_nonfinite(self, grads, self.defaults["nonfinite"]):
-            return loss
-        saved = [g["params"] for g in groups]
-        try:
-            for g in groups:
-                g["params"] = []
-            for group, params in zip(groups, saved, strict=True):
-                for p in params:
-                    if p.grad is not None:
-                        group["params"] = [p]
-                        self._step_param(group, p)
-                group["params"] = []
-        finally:
-            for g, params in zip(groups, saved, strict=True):
-                g["params"] = params
-        return loss
-
-    def _step_param(self, group: dict[str, Any], p: Tensor) -> None:
-        state = self.state[p]
-        state["step"] = state.get("step", 0) + 1
-        k = state["step"] - 1
-        lr = float(group["lr"])
-        shape = matrix_shape(p, group["clip_params"])
-
-        grad = p.grad
-        c_pre = pre_threshold(group, k) if shape is not None else None
-        if c_pre is not None:
-            p.grad = pre_clip(grad.reshape(1, *shape), group, c_pre).view(p.shape)
-
-        weights = p.data
-        buf = torch.zeros_like(weights)
-        p.data = buf
-        try:
-            self.base.step()
-        finally:
-            p.data = weights
-            p.grad = grad
-        if lr == 0.0:
-            return
-        # buf = −η·U: the base's decoupled weight decay acted on zeros.
-        U = buf.div_(-lr)
-        alpha = 1.0
-        if shape is not None and post_active(group):
-            c = post_threshold(group, k)
-            U = spectral_post(U.view(1, *shape), group, c).view(p.shape)
-            alpha = clip_scale(group, shape)
-        wd = float(group.get("weight_decay", 0.0))
-        if wd != 0.0:
-            p.mul_(1.0 - lr * wd)
-        p.add_(U, alpha=-alpha * lr)
+        keep_schedules(self.param_groups, built)

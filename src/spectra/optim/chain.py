@@ -1,0 +1,257 @@
+r"""The SPECTRA step as one chain of named links: the functional core of every optimizer here.
+
+One step of Algorithm SPECTRA of "Enhancing LLM Training via Spectral Clipping", for each
+parameter ``X`` with gradient ``g``:
+
+====================  =========================================  ==========================
+link                  math                                       function
+====================  =========================================  ==========================
+pre-clip              ``g̃ = H_{c_pre}(g)`` (matrices; optional)  :func:`pre_clip`
+base direction        ``U = direction(g̃)`` (AdamW, Signum, …)    the caller's ``direction``
+post operator         ``U ← post(U)``: ``H_{c_k}``, ``clip^sp_{c_k}``  :func:`post_operator_`
+                      or ``orth`` (optional)
+weight decay          ``X ← (1 − λη) X``                         :func:`decay_weights_`
+learning rate         ``X ← X − αη · U``                          :func:`add_update_`
+====================  =========================================  ==========================
+
+:func:`spectra_step` composes them. It is used by the native optimizers
+(:class:`~spectra.optim.base.SpectraOptimizer`), by the :class:`~spectra.optim.Spectra` wrapper
+(whose direction is the wrapped optimizer's) and by the synthetic experiments. Each
+parameter's scalars for the step (η, λ, α, the operators with their ``c_k``) come in a
+:class:`ParamPlan`; the chain itself knows nothing of param groups or schedules.
+
+By default the directions of every parameter are formed before any parameter changes, so
+that a non-finite direction stops the step with the weights untouched; that costs one
+parameter-sized buffer, the same transient as ``torch.optim.AdamW(foreach=True)``. With
+``chunk_elements`` the chain runs chunk by chunk instead, for a transient of one chunk.
+Same-shaped matrices go through each spectral operator together
+(:func:`spectra.ops.batched_apply_`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from spectra.ops import batched_apply_, hard_clip, orthogonalize, soft_clip
+
+PostKind = Literal["soft_clip", "hard_clip", "orthogonalize"]
+POST_KINDS: tuple[str, ...] = ("soft_clip", "hard_clip", "orthogonalize")
+
+#: ``direction(idx, grads) -> updates``: the base optimizer's link. For the parameters at
+#: positions ``idx`` it receives their (pre-clipped) gradients and returns one fresh tensor per
+#: parameter, which the chain overwrites.
+Direction = Callable[[list[int], list[Tensor]], list[Tensor]]
+
+
+@dataclass(frozen=True)
+class SpectralOp:
+    """A spectral operator with its settings, applied to a batch of matrices ``(B, m, n)``.
+
+    ``kind`` names the function of :mod:`spectra.ops` (``soft_clip``, ``hard_clip`` or
+    ``orthogonalize``); ``c`` is its threshold (unused by ``orthogonalize``).
+    """
+
+    kind: PostKind
+    c: float | None = None
+    method: str = "auto"
+
+    def __call__(self, U: Tensor) -> Tensor:
+        if self.kind == "orthogonalize":
+            return orthogonalize(U, method=self.method)
+        if self.kind == "hard_clip":
+            return hard_clip(U, self.c, method=self.method)
+        return soft_clip(U, self.c, method=self.method)
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """One parameter's links for one step.
+
+    Attributes:
+        lr: η (including any per-parameter scale).
+        weight_decay: λ; the weights are multiplied by ``1 − λη``.
+        shape: the ``(m, n)`` matrix the spectral links see; ``None`` when they skip it.
+        pre: the operator on the raw gradient, or ``None``.
+        post: the operator on the direction, or ``None``.
+        scale: α, the factor of the update (1 without a post operator).
+    """
+
+    lr: float
+    weight_decay: float = 0.0
+    shape: tuple[int, int] | None = None
+    pre: SpectralOp | None = None
+    post: SpectralOp | None = None
+    scale: float = 1.0
+
+
+# --------------------------------------------------------------------------- the links
+
+
+def _apply_ops(
+    tensors: Sequence[Tensor],
+    ops: Sequence[SpectralOp | None],
+    shapes: Sequence[tuple[int, int] | None],
+    max_elements: int | None,
+) -> None:
+    """``t ← op(t)`` in place, one :func:`batched_apply_` per distinct operator."""
+    by_op: dict[SpectralOp, list[Tensor]] = {}
+    for t, op, shape in zip(tensors, ops, shapes, strict=True):
+        if op is not None and shape is not None:
+            by_op.setdefault(op, []).append(t.view(shape))
+    for op, mats in by_op.items():
+        batched_apply_(op, mats, max_elements=max_elements)
+
+
+def pre_clip(
+    grads: list[Tensor], plans: Sequence[ParamPlan], max_elements: int | None = None
+) -> list[Tensor]:
+    """``g̃ = pre(g)`` for the parameters with a pre operator (copies; ``grads`` are not
+    modified), ``g`` for the others."""
+    idx = [i for i, pl in enumerate(plans) if pl.pre is not None and pl.shape is not None]
+    if not idx:
+        return grads
+    out = list(grads)
+    for i in idx:
+        out[i] = grads[i].clone(memory_format=torch.contiguous_format)
+    _apply_ops(
+        [out[i] for i in idx],
+        [plans[i].pre for i in idx],
+        [plans[i].shape for i in idx],
+        max_elements,
+    )
+    return out
+
+
+def post_operator_(
+    updates: list[Tensor], plans: Sequence[ParamPlan], max_elements: int | None = None
+) -> None:
+    """``U ← post(U)`` in place for the parameters with a post operator."""
+    _apply_ops(updates, [pl.post for pl in plans], [pl.shape for pl in plans], max_elements)
+
+
+def decay_weights_(params: list[Tensor], plans: Sequence[ParamPlan]) -> None:
+    """``X ← (1 − λη) X``."""
+    factors = [1.0 - pl.lr * pl.weight_decay for pl in plans]
+    decayed = [(p, f) for p, f in zip(params, factors, strict=True) if f != 1.0]
+    if decayed:
+        torch._foreach_mul_([p for p, _ in decayed], [f for _, f in decayed])
+
+
+def add_update_(params: list[Tensor], updates: list[Tensor], plans: Sequence[ParamPlan]) -> None:
+    """``X ← X − αη · U``, one foreach call per distinct coefficient."""
+    by_coef: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
+    for p, u, pl in zip(params, updates, plans, strict=True):
+        coef = -pl.scale * pl.lr
+        if coef != 0.0:
+            ps, us = by_coef.setdefault(coef, ([], []))
+            ps.append(p)
+            us.append(u)
+    for coef, (ps, us) in by_coef.items():
+        torch._foreach_add_(ps, us, alpha=coef)
+
+
+def all_finite(tensors: Sequence[Tensor]) -> bool:
+    """Whether every entry is finite; one host synchronisation per device."""
+    by_device: dict[torch.device, list[Tensor]] = {}
+    for t in tensors:
+        if t.is_sparse:
+            t = t._values()
+        if t.numel():
+            by_device.setdefault(t.device, []).append(t)
+    for ts in by_device.values():
+        # min and max are finite exactly when every entry is (nan propagates), and unlike a
+        # norm they cannot overflow for finite input.
+        extremes = [v.reshape(1).float() for t in ts for v in torch.aminmax(t)]
+        if not bool(torch.cat(extremes).isfinite().all()):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- the chain
+
+
+def chunks(sizes: Sequence[int], max_elements: int | None) -> list[list[int]]:
+    """Consecutive runs of indices holding at most ``max_elements`` (at least one index each;
+    ``None``: one run)."""
+    if max_elements is None:
+        return [list(range(len(sizes)))] if sizes else []
+    runs: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if not runs or total + n > max_elements:
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += n
+    return runs
+
+
+def spectra_step(
+    params: list[Tensor],
+    grads: list[Tensor],
+    plans: Sequence[ParamPlan],
+    direction: Direction,
+    *,
+    chunk_elements: int | None = None,
+    batch_elements: int | None = None,
+) -> bool:
+    r"""One SPECTRA step: ``X ← (1 − λη)X − αη · post(direction(pre(g)))``, in place.
+
+    Args:
+        params: the parameters (updated in place).
+        grads: their gradients (never modified).
+        plans: one :class:`ParamPlan` per parameter.
+        direction: the base optimizer's link (see :data:`Direction`); it may update the
+            optimizer's state.
+        chunk_elements: run the chain over consecutive chunks of at most this many elements
+            (one parameter, if larger), bounding the direction buffers; ``None``: all at once.
+        batch_elements: cap of one spectral-operator batch (see
+            :func:`spectra.ops.batched_apply_`).
+
+    Returns ``False`` when a direction holds inf or nan, before that chunk's parameters change
+    (with ``chunk_elements=None``: before any parameter changes); the base optimizer's state
+    has then taken the step. ``True`` otherwise.
+    """
+    if not (len(params) == len(grads) == len(plans)):
+        raise ValueError(
+            f"spectra_step: {len(params)} params, {len(grads)} grads and {len(plans)} plans"
+        )
+    for idx in chunks([p.numel() for p in params], chunk_elements):
+        ps, pls = [params[i] for i in idx], [plans[i] for i in idx]
+        updates = direction(idx, pre_clip([grads[i] for i in idx], pls, batch_elements))
+        if not all_finite(updates):
+            return False
+        post_operator_(updates, pls, batch_elements)
+        decay_weights_(ps, pls)
+        add_update_(ps, updates, pls)
+        del updates
+    return True
+
+
+def matrix_shape(p: Tensor, clip_vectors: bool = False) -> tuple[int, int] | None:
+    """The ``(m, n)`` matrix a tensor is seen as by the spectral links, or ``None``.
+
+    Tensors with two or more dimensions are ``(d0, d1·d2·…)`` matrices (the convention for
+    convolution kernels); a 1-D tensor is a ``(1, d)`` matrix when ``clip_vectors`` (its only
+    singular value is its Euclidean norm, so the matrix rule is the paper's vector rule); 0-D
+    and empty tensors are never seen.
+    """
+    if p.numel() == 0:
+        return None
+    if p.dim() >= 2:
+        return p.shape[0], p.numel() // p.shape[0]
+    if p.dim() == 1 and clip_vectors:
+        return 1, p.shape[0]
+    return None
+
+
+def default_scale(shape: tuple[int, int]) -> float:
+    """α = ``max(1, √(m/n))`` for an ``(m, n)`` matrix, the paper's default."""
+    m, n = shape
+    return max(1.0, math.sqrt(m / n))

@@ -1,0 +1,164 @@
+"""SPECTRA's per-group settings: their defaults, their checks, and a parameter's plan for a step.
+
+A param group of any optimizer in ``spectra.optim`` (and of the ``Spectra`` wrapper) carries:
+
+===================== ============ ==========================================================
+key                   default      meaning
+===================== ============ ==========================================================
+``clip_c``            ``10.0``     c, the post operator's threshold; ``None``: no post clip
+``clip_scale``        ``"auto"``   α; ``"auto"`` is ``max(1, √(m/n))`` for an (m, n) matrix
+``clip_method``       ``"auto"``   the operators' ``method`` (see :mod:`spectra.ops`)
+``clip_schedule``     ``None``     ``step → factor`` with ``c_k = c·factor(k)``; ``None``: 1
+``clip_params``       ``"matrices"`` ``"all"`` also clips 1-D tensors (the vector rule)
+``post``              ``"soft_clip"`` ``"soft_clip"`` (H_c), ``"hard_clip"`` or
+                                   ``"orthogonalize"`` (ignores c)
+``pre_clip_c``        ``None``     threshold of the soft pre-clip of raw gradients
+``pre_clip_schedule`` ``None``     its ``step → factor`` schedule
+===================== ============ ==========================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from spectra.optim.chain import (
+    POST_KINDS,
+    ParamPlan,
+    SpectralOp,
+    default_scale,
+    matrix_shape,
+)
+from spectra.validate import check_choice, check_number
+
+CLIP_PARAMS = ("matrices", "all")
+SCHEDULE_KEYS = ("clip_schedule", "pre_clip_schedule")
+
+#: SPECTRA settings every param group carries, with their defaults.
+SPECTRA_DEFAULTS: dict[str, Any] = {
+    "clip_c": 10.0,
+    "clip_scale": "auto",
+    "clip_method": "auto",
+    "clip_schedule": None,
+    "clip_params": "matrices",
+    "post": "soft_clip",
+    "pre_clip_c": None,
+    "pre_clip_schedule": None,
+}
+
+
+def check_spectra_settings(group: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the first bad SPECTRA setting of ``group``."""
+    check_number("clip_c", group["clip_c"], low=0.0, low_open=True, none_ok=True)
+    check_number("pre_clip_c", group["pre_clip_c"], low=0.0, low_open=True, none_ok=True)
+    if group["clip_scale"] != "auto":
+        check_number("clip_scale ('auto' or a number)", group["clip_scale"], low=0.0, low_open=True)
+    check_choice("post", group["post"], POST_KINDS)
+    check_choice("clip_params", group["clip_params"], CLIP_PARAMS)
+    for key in SCHEDULE_KEYS:
+        if group[key] is not None and not callable(group[key]):
+            raise ValueError(
+                f"{key} must be None or a callable step -> factor (for example "
+                f"spectra.ClipSchedule or spectra.standard_clip_schedule), got {group[key]!r}"
+            )
+    kinds = {group["post"]} | ({"soft_clip"} if group["pre_clip_c"] is not None else set())
+    for kind in kinds:
+        # Asking the operator keeps this check in step with the methods spectra.ops offers.
+        try:
+            SpectralOp(kind, 1.0, group["clip_method"])(torch.eye(2).unsqueeze(0))
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"clip_method={group['clip_method']!r} is not valid for post={kind!r}: {err}"
+            ) from None
+
+
+def threshold(c: float | None, schedule: Any, step: int) -> float | None:
+    """``c·factor(step)`` (``None`` when ``c`` is; ``inf`` means no clipping at this step)."""
+    if c is None:
+        return None
+    return c * (1.0 if schedule is None else float(schedule(step)))
+
+
+def group_clips(group: dict[str, Any]) -> bool:
+    """Whether the group's post operator is on (``orthogonalize``, or a clip with a c)."""
+    return group["post"] == "orthogonalize" or group["clip_c"] is not None
+
+
+def plan(
+    group: dict[str, Any],
+    p: Tensor,
+    step: int,
+    *,
+    lr_scale: float = 1.0,
+    weight_decay: float | None = None,
+) -> ParamPlan:
+    """The chain's links for parameter ``p`` of ``group`` at its 0-based ``step``.
+
+    ``lr_scale`` and ``weight_decay`` override the group's for this parameter (MARS's 1-D
+    rule uses them).
+    """
+    shape = matrix_shape(p, group["clip_params"] == "all")
+    lr = float(group["lr"]) * lr_scale
+    wd = float(group.get("weight_decay", 0.0)) if weight_decay is None else weight_decay
+    if shape is None:
+        return ParamPlan(lr, wd)
+    pre = None
+    c_pre = threshold(group["pre_clip_c"], group["pre_clip_schedule"], step)
+    if c_pre is not None and math.isfinite(c_pre):
+        pre = SpectralOp("soft_clip", c_pre, group["clip_method"])
+    if not group_clips(group):
+        return ParamPlan(lr, wd, shape, pre)
+    scale = group["clip_scale"]
+    scale = default_scale(shape) if scale == "auto" else float(scale)
+    c = threshold(group["clip_c"], group["clip_schedule"], step)
+    post = None
+    if group["post"] == "orthogonalize" or math.isfinite(c):
+        post = SpectralOp(
+            group["post"], None if group["post"] == "orthogonalize" else c, group["clip_method"]
+        )
+    return ParamPlan(lr, wd, shape, pre, post, scale)
+
+
+def clip_threshold(
+    groups: Iterable[dict[str, Any]], state: dict[Tensor, Any], step: int | None
+) -> float | None:
+    """c_k of the first group that clips (``None``: none does).
+
+    ``step=None`` means the step about to be taken: the count of steps its parameters have
+    taken so far.
+    """
+    for group in groups:
+        if group["post"] == "orthogonalize" or group["clip_c"] is None:
+            continue
+        if step is None:
+            taken = [int(state[p]["step"]) for p in group["params"] if "step" in state.get(p, {})]
+            step = max(taken, default=0)
+        return threshold(group["clip_c"], group["clip_schedule"], step)
+    return None
+
+
+def describe_schedules(saved_groups: list[dict[str, Any]]) -> None:
+    """In a ``state_dict``'s groups, replace each schedule by its ``repr``.
+
+    A schedule is configuration, like a ``LambdaLR`` lambda: the saved dict stays loadable
+    with ``torch.load(weights_only=True)``, and ``load_state_dict`` keeps the schedules the
+    optimizer was built with (see :func:`keep_schedules`).
+    """
+    for g in saved_groups:
+        for key in SCHEDULE_KEYS:
+            if g.get(key) is not None:
+                g[key] = repr(g[key])
+
+
+def keep_schedules(groups: list[dict[str, Any]], built: list[dict[str, Any]]) -> None:
+    """After ``load_state_dict``, put back the schedules the groups were built with."""
+    for g, schedules in zip(groups, built, strict=True):
+        g.update(schedules)
+
+
+def schedules_of(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: g.get(key) for key in SCHEDULE_KEYS} for g in groups]
