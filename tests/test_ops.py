@@ -250,7 +250,9 @@ def test_orthogonalize_singular_values_lie_in_the_documented_band(method, steps,
     # singular values spread over σ/‖X‖_F ∈ [1e-2, 1) (the iteration normalises by ‖X‖_F)
     sigma = torch.logspace(0, -2, 24) * torch.tensor([3.0] + [1.0] * 23)
     X = with_spectrum((2, 24, 40), sigma, dtype=torch.float32)
-    S = torch.linalg.svdvals(orthogonalize(X, method=method, ns_steps=steps, ns_dtype=dtype).double())
+    S = torch.linalg.svdvals(
+        orthogonalize(X, method=method, ns_steps=steps, ns_dtype=dtype).double()
+    )
     if method == "muon":
         lo, hi = composed_band([MUON_NS_COEFFS] * steps, lo=1e-2 / 3.1)
         assert 0.68 - 1e-3 <= lo and hi <= 1.2024  # the documented band
@@ -392,3 +394,23 @@ def test_bad_inputs_raise_value_error():
         soft_clip(torch.ones(3, 4), 1.0, method="paper", ns_steps=-1)
     with pytest.raises(ValueError, match="radius"):
         spectral_lmo(torch.ones(3, 4), -1.0)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda X: soft_clip(X, 1.0),
+        lambda X: soft_clip(X, 1.0, method="polar"),
+        lambda X: soft_clip(X, 1.0, method="paper"),
+        lambda X: soft_clip(X, 1.0, method="svd"),
+        lambda X: hard_clip(X, 1.0),
+        lambda X: orthogonalize(X),
+        lambda X: orthogonalize(X, method="muon"),
+    ],
+)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_input_raises_value_error_naming_the_problem(call, bad):
+    X = torch.randn(4, 6)
+    X[1, 2] = bad
+    with pytest.raises(ValueError, match="non-finite"):
+        call(X)

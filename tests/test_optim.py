@@ -536,3 +536,93 @@ def test_invalid_base_specific_hyperparameters_raise():
         so.AdamW([{"params": make_params(), "clip_c": -7.0}])
     with pytest.raises(ValueError, match="hard_clip"):
         so.AdamW(make_params(), post="hard_clip", clip_method="paper")
+
+
+# --------------------------------------------------------------------------- the chain
+
+
+def test_float16_adam_direction_that_overflows_raises_before_any_parameter_changes():
+    # Adam in float16: ε = 1e-8 and v ≈ (1−β₂)g² underflow to 0, so U = m̂/(√v̂ + ε) = inf
+    # although every gradient is finite.
+    ps = [torch.full((8, 6), 0.5, dtype=torch.float16, requires_grad=True) for _ in range(3)]
+    before = [p.detach().clone() for p in ps]
+    opt = so.AdamW(ps, lr=1e-2, clip_c=1.0)
+    for p in ps:
+        p.grad = torch.full_like(p, 1e-4)
+    with pytest.raises(FloatingPointError, match="base direction contains inf or nan"):
+        opt.step()
+    for a, b in zip(ps, before, strict=True):
+        assert torch.equal(a, b)
+    skip = so.AdamW(ps, lr=1e-2, clip_c=1.0, nonfinite="skip")
+    with pytest.warns(RuntimeWarning, match="skipped"):
+        skip.step()
+    assert skip.num_skipped_steps == 1
+    for a, b in zip(ps, before, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_spectra_step_in_chunks_equals_all_at_once_and_float64_reference():
+    g = torch.Generator().manual_seed(5)
+    shapes = [(6, 4), (6, 4), (4, 6), (5,), (3, 2, 2)]
+    X0 = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    G = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    plans = []
+    for i, x in enumerate(X0):
+        shape = spectra_chain.matrix_shape(x)
+        post = so.SpectralOp("soft_clip", 0.3) if shape else None
+        pre = so.SpectralOp("soft_clip", 2.0) if shape else None
+        plans.append(so.ParamPlan(0.1 * (i + 1), 0.2, shape, pre, post, 1.5 if shape else 1.0))
+    results = []
+    for chunk in (None, 1, 30):
+        X = [x.clone() for x in X0]
+        assert so.spectra_step(
+            X, G, plans, lambda idx, gs: [2.0 * t for t in gs], chunk_elements=chunk
+        )
+        results.append(X)
+    for x0, gr, pl, *outs in zip(X0, G, plans, *results, strict=True):
+        if pl.shape is None:
+            expected = (1 - 0.2 * pl.lr) * x0 - pl.lr * 2.0 * gr
+        else:
+            M = gr.reshape(pl.shape)
+            U = 2.0 * soft_ref(M, 2.0)
+            expected = (1 - 0.2 * pl.lr) * x0 - 1.5 * pl.lr * soft_ref(U, 0.3).reshape(x0.shape)
+        for out in outs:
+            torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_batched_apply_equals_the_operator_on_each_matrix():
+    from spectra.ops import batched_apply_, soft_clip
+
+    g = torch.Generator().manual_seed(6)
+    mats = [
+        torch.randn(s, generator=g, dtype=torch.float64)
+        for s in [(5, 3)] * 5 + [(3, 5)] * 2 + [(4, 4)]
+    ]
+    expected = [soft_ref(m, 0.7) for m in mats]
+    calls = []
+
+    def op(X):
+        calls.append(tuple(X.shape))
+        return soft_clip(X, 0.7)
+
+    batched_apply_(op, mats, max_elements=30)
+    for m, e in zip(mats, expected, strict=True):
+        torch.testing.assert_close(m, e, rtol=1e-12, atol=1e-12)
+    assert sorted(calls) == sorted([(2, 5, 3), (2, 5, 3), (1, 5, 3), (2, 3, 5), (1, 4, 4)])
+    with pytest.raises(ValueError, match="2-D"):
+        batched_apply_(op, [torch.ones(2, 2, 2)])
+
+
+def test_optimizer_state_dict_saves_schedules_as_text_and_keeps_the_built_ones():
+    ps = make_params()
+    sched = so.standard_clip_schedule(so.wsd_schedule(2, 10), 2)
+    opt = so.AdamW(ps, clip_schedule=sched)
+    run(opt, ps, 2, grad_stream())
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["clip_schedule"] == repr(sched)
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    opt.load_state_dict(torch.load(buf, weights_only=True))
+    assert opt.param_groups[0]["clip_schedule"] is sched
+    assert opt.state_dict()["param_groups"][0]["clip_schedule"] == repr(sched)

@@ -15,6 +15,7 @@ import torch
 from scipy.optimize import minimize
 
 from spectra.ops import global_clip, hard_clip
+from spectra.optim import SpectralOp
 from spectra_lab.cli import main
 from spectra_lab.synth.files import torch_threads
 from spectra_lab.synth.frank_wolfe import (
@@ -97,11 +98,16 @@ def test_frank_wolfe_form_equals_post_clipping_form(radius, b):
         assert p.weight_decay * p.lr == pytest.approx(gamma)
         assert p.clip_c == pytest.approx(b * radius)
         clip_form = post_clip_step(
-            X, M, lr=p.lr, weight_decay=p.weight_decay, clip_scale=p.clip_scale, clip_c=p.clip_c
+            X, M, lr=p.lr, weight_decay=p.weight_decay, clip_scale=p.clip_scale, post=hard(p)
         )
         fw_form = frank_wolfe_step(X, M, radius=radius, b=b, gamma=gamma)
         torch.testing.assert_close(clip_form, fw_form, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(fw_form, (1 - gamma) * X + gamma * V_ref)
+
+
+def hard(p):
+    """The Theorem's post operator: hard clipping at c = bD₂, exact."""
+    return SpectralOp("hard_clip", p.clip_c, method="svd")
 
 
 def test_b_zero_is_the_limit_of_post_clipping():
@@ -114,7 +120,7 @@ def test_b_zero_is_the_limit_of_post_clipping():
     b = 0.5 * sigma_min / radius
     p = theorem_parameters(radius, b, k)
     small_b = post_clip_step(
-        X, M, lr=p.lr, weight_decay=p.weight_decay, clip_scale=p.clip_scale, clip_c=p.clip_c
+        X, M, lr=p.lr, weight_decay=p.weight_decay, clip_scale=p.clip_scale, post=hard(p)
     )
     torch.testing.assert_close(limit, small_b, rtol=1e-12, atol=1e-12)
     U, _, Vh = torch.linalg.svd(M)

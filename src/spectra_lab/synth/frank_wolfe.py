@@ -29,7 +29,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from spectra.ops import hard_clip, orthogonalize, spectral_lmo
+from spectra.ops import spectral_lmo
+from spectra.optim.chain import ParamPlan, SpectralOp, spectra_step
 from spectra_lab.synth.problem import DTYPE, LogisticProblem
 
 StepForm = Literal["clip", "fw"]
@@ -39,10 +40,20 @@ StepForm = Literal["clip", "fw"]
 
 
 def post_clip_step(
-    X: Tensor, M: Tensor, *, lr: float, weight_decay: float, clip_scale: float, clip_c: float
+    X: Tensor, M: Tensor, *, lr: float, weight_decay: float, clip_scale: float, post: SpectralOp
 ) -> Tensor:
-    """Eq. (SGDM-spectral-clipping): ``X ← (1 − λη)X − αη·clip^sp_c(M)``."""
-    return (1.0 - weight_decay * lr) * X - clip_scale * lr * hard_clip(M, clip_c, method="svd")
+    """Eq. (SGDM-spectral-clipping): ``X ← (1 − λη)X − αη·post(M)``, through the SPECTRA chain.
+
+    ``X`` and ``M`` are ``(runs, m, p)`` batches (or single matrices); ``M`` is the direction.
+    Returns the new iterate; the inputs are not modified.
+    """
+    X = X.clone()
+    U = M.clone()
+    Xs = list(X.reshape(-1, *X.shape[-2:]).unbind(0))
+    Us = list(U.reshape(-1, *U.shape[-2:]).unbind(0))
+    plan = ParamPlan(lr, weight_decay, shape=tuple(X.shape[-2:]), post=post, scale=clip_scale)
+    spectra_step(Xs, Us, [plan] * len(Xs), lambda idx, g: g)
+    return X
 
 
 def frank_wolfe_step(X: Tensor, M: Tensor, *, radius: float, b: float, gamma: float) -> Tensor:
@@ -87,11 +98,11 @@ def composite_step(
         raise ValueError(f"unknown form {form!r}; expected 'clip' or 'fw'")
     p = theorem_parameters(radius, b, k)
     if b == 0:
-        gamma = p.weight_decay * p.lr
-        return (1.0 - gamma) * X - gamma * radius * orthogonalize(M, method="svd")
-    return post_clip_step(
-        X, M, lr=p.lr, weight_decay=p.weight_decay, clip_scale=p.clip_scale, clip_c=p.clip_c
-    )
+        # The b → 0 limit: λη = γ_k and αη = γ_k·D₂ with α = λD₂ = 1, around orth.
+        post, scale = SpectralOp("orthogonalize", method="svd"), 1.0
+    else:
+        post, scale = SpectralOp("hard_clip", p.clip_c, method="svd"), p.clip_scale
+    return post_clip_step(X, M, lr=p.lr, weight_decay=p.weight_decay, clip_scale=scale, post=post)
 
 
 # --------------------------------------------------------------------------- the run
