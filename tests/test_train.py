@@ -22,10 +22,21 @@ import yaml
 
 from spectra_lab.cli import main
 from spectra_lab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from spectra_lab.train.config import ConfigError, TrainConfig, build_config, read_config_file
+from spectra_lab.train.config import (
+    ConfigError,
+    TrainConfig,
+    build_config,
+    parse_set,
+    read_config_file,
+)
 from spectra_lab.train.metrics import read_jsonl
-from spectra_lab.train.optimizers import OPTIMIZERS, param_groups, spectral_groups
-from spectra_lab.train.trainer import Trainer, train
+from spectra_lab.train.optimizers import (
+    OPTIMIZERS,
+    build_optimizer,
+    param_groups,
+    spectral_groups,
+)
+from spectra_lab.train.trainer import build_lr_lambda, train
 
 VOCAB = 64
 
@@ -155,7 +166,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_pat
 
     cfg = small_config(train_dataset, tmp_path / "cut", grad_accum=2)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(cfg, on_step=interrupt).run()
+        train(cfg, on_step=interrupt)
     assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [5, 10]
     # Resume through the CLI: the saved config.yaml is the base, flags apply on top.
     assert main(["train", "--out", cfg.out_dir, "--resume"]) == 0
@@ -193,6 +204,13 @@ def test_resume_with_more_steps_follows_the_extended_schedule(train_dataset, tmp
     assert rows[9]["lr"] < cfg.lr  # last step of the first run: decaying
     assert rows[10]["lr"] == pytest.approx(cfg.lr)  # k = 10 of 20: stable
     assert rows[-1]["lr"] < cfg.lr
+    # After the resume every lr is the new schedule's, lr * S_lr(k) for the 20-step run.
+    extended = build_lr_lambda(dataclasses.replace(cfg, steps=20))
+    want = [cfg.lr * extended(k) for k in range(10, 20)]
+    assert [r["lr"] for r in rows[10:]] == pytest.approx(want, rel=1e-12)
+    # The scheduler's checkpointed state is its step alone; the schedule is the config's.
+    ckpt = load_checkpoint(tmp_path / "run" / "ckpt" / "step_0000020.pt")
+    assert ckpt["lr_scheduler"] == {"step": 20}
 
 
 def test_truncated_or_corrupt_checkpoint_is_reported(train_dataset, tmp_path, capsys):
@@ -337,25 +355,133 @@ def test_spectral_groups_carry_the_clip_settings_of_clipped_groups_only():
     cfg = TrainConfig(
         steps=100, warmup_steps=10, clip_c=5.0, pre_clip_c=10.0, pre_clip_schedule="cosine"
     )
+    lr_lambda = build_lr_lambda(cfg)
     groups = param_groups(model, cfg)
-    for g in spectral_groups(groups, cfg):
+    for g in spectral_groups(groups, cfg, lr_lambda):
         if g["group"] in ("hidden", "attn"):
-            assert (g["clip_c"], g["clip_scale"], g["clip_schedule"]) == (5.0, "auto", "standard")
-            assert g["warmup_steps"] == 10  # the "standard" schedule needs K_warmup
-            assert g["pre_clip_c"] == 10.0
+            assert (g["clip_c"], g["clip_scale"], g["pre_clip_c"]) == (5.0, "auto", 10.0)
+            assert "warmup_steps" not in g and "peak_lr" not in g
+            # "standard": c_k = c / S_lr(k) during warmup, over the run's own LR schedule
+            sched = g["clip_schedule"]
+            assert [sched(k) for k in (0, 9, 10, 99)] == pytest.approx([10.0, 10 / 10, 1.0, 1.0])
+            assert sched(4) == pytest.approx(1 / lr_lambda(4))
             # cosine from 10 to the default 10/1000 = 0.01 over the run (the paper's ablation)
-            assert g["pre_clip_schedule"] == {
-                "kind": "cosine",
-                "total_steps": 100,
-                "decay_fraction": 1.0,
-                "final_ratio": pytest.approx(1e-3),
-            }
+            pre = g["pre_clip_schedule"]
+            assert (pre(0), pre(50), pre(100)) == pytest.approx((1.0, 0.5 + 0.5e-3, 1e-3))
         else:
             assert g["clip_c"] is None and g["pre_clip_c"] is None
     # the plain base optimizers clip nothing
-    assert all(g["clip_c"] is None for g in spectral_groups(groups, cfg, spectral=False))
+    plain = spectral_groups(groups, cfg, lr_lambda, clip=False)
+    assert all(g["clip_c"] is None for g in plain)
+    # the optimizer reports the threshold of the step about to be taken: c / S_lr(0)
+    opt = build_optimizer(model, cfg, lr_lambda)
+    assert opt.clip_threshold() == pytest.approx(5.0 / lr_lambda(0))
     with pytest.raises(ValueError, match="pre_clip_c_final"):
         TrainConfig(pre_clip_c=1.0, pre_clip_c_final=2.0)
+
+
+def test_registry_defaults_are_the_papers_settings_and_optimizer_kwargs_override_them():
+    from spectra_lab.model import Llama, model_config
+
+    model = Llama(model_config("tiny", VOCAB, seq_len=32))
+    cfg = TrainConfig(steps=100)
+    want = {
+        "adamw": {"betas": (0.9, 0.999), "eps": 1e-8},
+        "ademamix": {"betas": (0.9, 0.999, 0.999), "alpha": 8.0, "eps": 1e-8},
+        "signum": {"momentum": 0.95, "nesterov": True},
+        "sgdm": {"momentum": 0.95},
+        "dmuon": {"momentum": 0.95, "nesterov": True},
+        "soap": {"betas": (0.9, 0.999), "eps": 1e-8},
+        "torch-adamw": {"betas": (0.9, 0.999), "eps": 1e-8},
+    }
+    for name, settings in want.items():
+        opt = build_optimizer(model, dataclasses.replace(cfg, optimizer=name), build_lr_lambda(cfg))
+        for key, value in settings.items():
+            assert opt.param_groups[0][key] == value, (name, key)
+    orth = dataclasses.replace(cfg, optimizer="adamw-post-orth")
+    post = build_optimizer(model, orth, build_lr_lambda(cfg))
+    assert {g["post"] for g in post.param_groups if g["clip_c"] is not None} == {"orthogonalize"}
+    tuned = dataclasses.replace(cfg, optimizer_kwargs={"betas": [0.8, 0.99], "clip_method": "svd"})
+    opt = build_optimizer(model, tuned, build_lr_lambda(cfg))
+    assert opt.param_groups[0]["betas"] == [0.8, 0.99]
+    assert opt.param_groups[0]["eps"] == 1e-8 and opt.param_groups[0]["clip_method"] == "svd"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ('{"bta1": 0.8}', "spectra-adamw takes no keyword 'bta1'"),
+        ('{"betas": [0.8, 0.99], "lr": 1}', "set the config field 'lr' instead"),
+        ('{"momentum": 0.9}', "spectra-adamw takes no keyword 'momentum'"),
+    ],
+)
+def test_optimizer_kwargs_the_optimizer_does_not_take_are_a_one_line_error(kwargs, needle, capsys):
+    # reported before anything runs: the default dataset is never prepared
+    assert main(["train", "--set", f"optimizer_kwargs={kwargs}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config field 'optimizer_kwargs'" in err and needle in err
+
+
+def test_set_values_are_yaml_scalars_checked_against_the_field_type():
+    items = ["clip_c=null", "lr=1e-3", "clip_groups=[hidden, attn, embed]", "grad_clip=~"]
+    items += ["optimizer_kwargs={betas: [0.8, 0.99]}", "clip_scale=2", "out_dir=007"]
+    items += ["plot=false", "seq_len=64"]
+    cfg = build_config(("--set", parse_set(items)))
+    assert (cfg.clip_c, cfg.lr, cfg.grad_clip, cfg.clip_scale) == (None, 1e-3, None, 2.0)
+    assert cfg.clip_groups == ["hidden", "attn", "embed"]
+    assert cfg.optimizer_kwargs == {"betas": [0.8, 0.99]}
+    assert (cfg.out_dir, cfg.plot, cfg.seq_len) == ("007", False, 64)  # a string stays text
+    comma = build_config(("--set", parse_set(["clip_groups=hidden,embed"])))
+    assert comma.clip_groups == ["hidden", "embed"]
+    for item, needle in [
+        ("lr=fast", "config field 'lr' in --set: expected a number, got 'fast'"),
+        ("steps=1.5", "config field 'steps' in --set: expected an integer, got '1.5'"),
+        ("plot=maybe", "config field 'plot' in --set: expected true or false, got 'maybe'"),
+        ("clip_groups={a: 1}", "config field 'clip_groups' in --set: expected a list"),
+        ("lr=-1", "config field 'lr' = -1.0: lr must be a finite number > 0, got -1.0"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            build_config(("--set", parse_set([item])))
+        assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("steps", [1, 3, 30, 300])
+def test_default_warmup_is_a_tenth_of_the_steps_and_fits_every_schedule(steps):
+    from spectra_lab.cli import build_parser
+    from spectra_lab.train.cli import config_from_args
+
+    argv = ["train", "--steps", str(steps)]
+    cfg = config_from_args(build_parser(argv).parse_args(argv))
+    assert cfg.warmup_steps is None and cfg.warmup == round(0.1 * steps)
+    for schedule in ("wsd", "cosine", "constant"):
+        lr_lambda = build_lr_lambda(dataclasses.replace(cfg, schedule=schedule))
+        factors = [lr_lambda(k) for k in range(steps)]
+        assert 0 < factors[0] <= 1 and max(factors) == 1.0 and min(factors) >= 0
+    assert TrainConfig().warmup == 30  # the main job's warmup
+
+
+def test_loss_plot_is_drawn_once_at_the_end(train_dataset, tmp_path, monkeypatch):
+    import spectra_lab.train.metrics as metrics
+
+    drawn = []
+    monkeypatch.setattr(metrics, "plot_curves", lambda *args: drawn.append(args))
+    cfg = small_config(train_dataset, tmp_path / "run", steps=6, eval_interval=2, plot=True)
+    train(dataclasses.replace(cfg, warmup_steps=None))
+    assert len(drawn) == 1
+    path, steps, evals = drawn[0]
+    assert path == tmp_path / "run" / "loss.png" and len(steps) == 6 and len(evals) == 3
+    # the run directory records the warmup in force: 10% of the steps
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["warmup_steps"] == 1
+
+
+def test_user_errors_of_every_layer_share_one_leaf_base():
+    from spectra_lab.cli import CLIError
+    from spectra_lab.data import DataError
+    from spectra_lab.errors import UserError
+
+    for error in (CLIError, DataError, ConfigError, CheckpointError):
+        assert issubclass(error, UserError)
+    assert not issubclass(DataError, CLIError)
 
 
 # ---------------------------------------------------------------------------------------

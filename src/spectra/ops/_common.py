@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
-from numbers import Real
 
 import torch
 from torch import Tensor
+
+from spectra.validate import check_number
 
 
 def check_matrix_input(X: Tensor, name: str = "X") -> None:
@@ -32,17 +32,11 @@ def check_finite(X: Tensor, name: str = "X") -> None:
 
 
 def check_threshold(c: float, name: str = "c") -> float:
-    """Return ``c`` as a float after checking it is a finite positive number."""
-    if isinstance(c, Tensor):
-        if c.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(c.shape)}")
-        c = c.item()
-    if isinstance(c, bool) or not isinstance(c, Real):
-        raise ValueError(f"{name} must be a real number, got {c!r}")
-    c = float(c)
-    if not math.isfinite(c) or c <= 0.0:
-        raise ValueError(f"{name} must be finite and > 0, got {c!r}")
-    return c
+    """Return ``c`` as a float after checking it is a finite number > 0 (a one-element tensor
+    counts as its number)."""
+    if isinstance(c, Tensor) and c.numel() != 1:
+        raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(c.shape)}")
+    return check_number(name, c, low=0.0, low_open=True)
 
 
 def wide_view(X: Tensor) -> tuple[Tensor, bool]:

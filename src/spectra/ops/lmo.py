@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops._common import check_matrix_input, check_threshold
+from spectra.validate import check_number
 
 Regularizer = Literal["frobenius", "nuclear", "schatten", "entropy"]
 
@@ -68,8 +69,7 @@ def spectral_lmo(
     if G.dim() < 2:
         raise ValueError(f"G must be a matrix (>= 2 dims), got shape {tuple(G.shape)}")
     radius = check_threshold(radius, "radius")
-    if not (math.isfinite(b) and b >= 0):
-        raise ValueError(f"b must be finite and >= 0, got {b!r}")
+    b = check_number("b", b, low=0.0)
     if regularizer in ("schatten", "entropy") and b <= 0:
         raise ValueError(f"b must be > 0 for the {regularizer} regularizer, got {b!r}")
     if regularizer == "schatten" and not (p > 1):

@@ -42,6 +42,7 @@ from spectra.ops.polar import (
     coupled_inverse_sqrt,
     inverse_sqrt_schedule,
 )
+from spectra.validate import check_int
 
 SoftClipMethod = Literal["auto", "eigh", "svd", "paper", "polar"]
 HardClipMethod = Literal["auto", "eigh", "svd"]
@@ -300,7 +301,7 @@ def soft_clip_polar(
     c = check_threshold(c, "c")
     check_finite(X)
     if not (math.isfinite(tol) and 1e-6 <= tol < 1):
-        raise ValueError(f"tol must be in [1e-6, 1), got {tol!r}")
+        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
     if X.dim() == 1:
         return soft_clip(X, c, method="eigh")
     Xw, transposed = wide_view(X)
@@ -353,8 +354,7 @@ def soft_clip_paper(
     check_matrix_input(X)
     c = check_threshold(c, "c")
     check_finite(X)
-    if ns_steps < 0:
-        raise ValueError(f"ns_steps must be >= 0, got {ns_steps}")
+    check_int("ns_steps", ns_steps, low=0)
     wd = dtype or compute_dtype(X)
     if X.dim() == 1:
         return soft_clip(X, c, method="eigh")
@@ -492,8 +492,7 @@ def orthogonalize(
     check_finite(X)
     if X.dim() == 1:
         return _vector_rule(X, lambda r: r.reciprocal() if r > 0 else r.new_zeros(()))
-    if ns_steps < 0:
-        raise ValueError(f"ns_steps must be >= 0, got {ns_steps}")
+    check_int("ns_steps", ns_steps, low=0)
     if method == "auto":
         method = "svd"
     if method == "svd":
