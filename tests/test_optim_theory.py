@@ -114,7 +114,8 @@ def projected_gradient_optimum(A, y, b, D2, iters=400):
 
 
 def frank_wolfe_sgdm(X: torch.Tensor, b: float, D2: float, **kw):
-    """SGDM with the Frank–Wolfe theorem's settings: β = 1 (momentum 0), c = bD₂, α = λ/b, λη_k = 2/(k+2)."""
+    """SGDM with the Frank–Wolfe theorem's settings: β = 1 (momentum 0), c = bD₂, α = λ/b,
+    λη_k = 2/(k+2)."""
     lam = 1.0 / D2
     opt = so.SGDM(
         [X],

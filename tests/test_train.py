@@ -157,14 +157,16 @@ def test_cli_short_run_loss_falls_and_writes_metrics(train_dataset, tmp_path, ca
     assert f"{summary['val_loss']:.4f}" in final
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_path):
-    full = train(small_config(train_dataset, tmp_path / "full", grad_accum=2))
+@pytest.mark.parametrize("optimizer", ["torch-adamw", "spectra-adamw"])
+def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_path, optimizer):
+    # spectra-adamw: the main job's optimizer, clipping with the "standard" schedule
+    full = train(small_config(train_dataset, tmp_path / "full", grad_accum=2, optimizer=optimizer))
 
     def interrupt(step, record):
         if step == 13:
             raise KeyboardInterrupt
 
-    cfg = small_config(train_dataset, tmp_path / "cut", grad_accum=2)
+    cfg = small_config(train_dataset, tmp_path / "cut", grad_accum=2, optimizer=optimizer)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, on_step=interrupt)
     assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [5, 10]

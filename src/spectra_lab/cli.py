@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from spectra_lab.errors import UserError
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("spectra_lab.train.cli", "train a Llama-style model (the main job)"),
@@ -23,8 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class CLIError(Exception):
-    """A user error reported as one line, without a traceback."""
+class CLIError(UserError):
+    """A bad command-line argument, reported as one line without a traceback."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except CLIError as exc:
+    except UserError as exc:  # bad arguments, config, data or checkpoint: one line
         print(f"spectra {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

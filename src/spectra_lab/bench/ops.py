@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,6 +22,8 @@ from torch import Tensor
 from spectra.ops import orthogonalize, soft_clip
 from spectra.ops._common import single_thread_lapack
 from spectra.ops.spectral import polar_steps
+from spectra.validate import check_int, check_number
+from spectra_lab.files import atomic_write
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "768x768": (768, 768),
@@ -223,20 +223,6 @@ def flop_table(shapes: dict[str, tuple[int, ...]], inputs: tuple[str, ...]) -> s
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".bench-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
     parser.add_argument(
@@ -268,10 +254,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from spectra_lab.cli import CLIError
 
-    if args.repeats < 1:
-        raise CLIError(f"--repeats must be >= 1, got {args.repeats}")
-    if not (math.isfinite(args.budget) and args.budget > 0):
-        raise CLIError(f"--budget must be > 0, got {args.budget}")
+    try:
+        check_int("--repeats", args.repeats, low=1)
+        check_number("--budget", args.budget, low=0.0, low_open=True)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     if args.quick:
         shapes, repeats = dict(QUICK_SHAPES), 1
     else:
@@ -305,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
                 "clip_c": CLIP_C,
                 "cells": [asdict(cell) for cell in cells],
             }
-            _write_atomic(args.out, json.dumps(payload, indent=1) + "\n")
+            atomic_write(args.out, json.dumps(payload, indent=1) + "\n")
         else:
-            _write_atomic(args.out, header + "\n" + text)
+            atomic_write(args.out, header + "\n" + text)
     return 0

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +37,9 @@ from torch import Tensor
 
 import spectra.optim as so
 from spectra.ops import soft_clip_paper
+from spectra.validate import check_int
 from spectra_lab.cli import CLIError
+from spectra_lab.files import atomic_write
 
 METHODS = ("torch-adamw", "spectra-adamw", "spectra-wrap", "paper-wrap")
 #: Extra method: the native step without the clip, to separate the step's own cost from the
@@ -295,20 +295,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=2))
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("layers", "dim", "hidden", "vocab", "repeats"):
-        if getattr(args, name) < 1:
-            raise CLIError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    try:
+        for name in ("layers", "dim", "hidden", "vocab", "repeats"):
+            check_int(f"--{name}", getattr(args, name), low=1)
+        check_int("--threads", args.threads, low=1, none_ok=True)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     if args.threads is not None:
-        if args.threads < 1:
-            raise CLIError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
     report = run_benchmark(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import UserError
 
 
-class DataError(CLIError, RuntimeError):
+class DataError(UserError, RuntimeError):
     """A one-line, actionable data problem (fetch failed, files missing, bad dataset)."""

@@ -12,23 +12,24 @@ A prepared dataset is a directory holding
 Each document is stored as its tokens followed by the end-of-text token, or, for a
 tokenizer without one, followed by the encoding of a blank line ``"\\n\\n"``.
 
-Every file is written to a temporary name and moved into place with ``os.replace``;
-``meta.json`` is removed first and written last, so a directory whose ``meta.json`` exists
-always holds a complete dataset.
+Every file is written through :func:`spectra_lab.files.atomic_path` (a temporary name
+moved into place with ``os.replace``); ``meta.json`` is removed first and written last, so
+a directory whose ``meta.json`` exists always holds a complete dataset.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from spectra_lab.data.errors import DataError
 from spectra_lab.data.tokenizers import BPE_FILE, Tokenizer
+from spectra_lab.files import atomic_path, atomic_write
 
 __all__ = [
     "FORMAT_VERSION",
@@ -40,8 +41,8 @@ __all__ = [
     "document_tokens",
     "read_meta",
     "token_dtype",
+    "token_file",
     "write_dataset",
-    "write_json_atomic",
     "write_token_files",
 ]
 
@@ -66,16 +67,6 @@ def _separator(tokenizer: Tokenizer) -> list[int]:
     if tokenizer.eot_id is not None:
         return [tokenizer.eot_id]
     return tokenizer.encode("\n\n")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_meta(dataset_dir: str | Path) -> dict[str, Any]:
@@ -104,31 +95,26 @@ def dataset_is_complete(dataset_dir: str | Path, request: dict[str, Any] | None 
 
 
 class TokenFileWriter:
-    """Appends token ids to ``<path>.<pid>.tmp``; :meth:`commit` moves it to ``path``."""
+    """Appends token ids of one dtype to an open binary file."""
 
-    def __init__(self, path: Path, dtype: np.dtype) -> None:
-        self.path = Path(path)
+    def __init__(self, file: BinaryIO, dtype: np.dtype) -> None:
+        self.file = file
         self.dtype = np.dtype(dtype)
         self.tokens = 0
-        self._tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        self._file = open(self._tmp, "wb")
 
     def write(self, ids: Sequence[int] | np.ndarray) -> None:
         arr = np.asarray(ids, dtype=np.int64)
         if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(self.dtype).max):
             raise ValueError(f"token id out of range for {self.dtype.name}")
-        self._file.write(arr.astype(self.dtype).tobytes())
+        self.file.write(arr.astype(self.dtype).tobytes())
         self.tokens += int(arr.size)
 
-    def commit(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.path)
 
-    def abort(self) -> None:
-        self._file.close()
-        self._tmp.unlink(missing_ok=True)
+@contextlib.contextmanager
+def token_file(path: Path, dtype: np.dtype) -> Iterator[TokenFileWriter]:
+    """A writer of the token file ``path``, which appears when the block ends without error."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield TokenFileWriter(f, dtype)
 
 
 def _batched(items: Iterable[tuple[str, str]], size: int) -> Iterator[list[tuple[str, str]]]:
@@ -160,13 +146,17 @@ def write_token_files(
     dtype = token_dtype(tokenizer.vocab_size)
     sep = _separator(tokenizer)
     counts = {"train_tokens": 0, "val_tokens": 0, "train_documents": 0, "val_documents": 0}
-    writers = {split: TokenFileWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=token_budget, unit="tok", unit_scale=True, desc="tokenizing")
-    try:
+    # The token files are moved into place once every document is written; an error
+    # leaves the previous files (if any) as they were.
+    with contextlib.ExitStack() as files:
+        if bar is not None:
+            files.callback(bar.close)
+        writers = {s: files.enter_context(token_file(out_dir / f"{s}.bin", dtype)) for s in SPLITS}
         done = False
         for batch in _batched(labeled_docs, batch_docs):
             encoded = tokenizer.encode_batch([text for _, text in batch])
@@ -186,15 +176,6 @@ def write_token_files(
                     break
             if done:
                 break
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    for w in writers.values():
-        w.commit()
     return counts
 
 
@@ -238,5 +219,5 @@ def write_dataset(
     }
     if tokenizer.name == "bpe":
         full["tokenizer_file"] = BPE_FILE
-    write_json_atomic(out_dir / META_FILE, full)
+    atomic_write(out_dir / META_FILE, json.dumps(full, indent=2, sort_keys=True) + "\n")
     return full

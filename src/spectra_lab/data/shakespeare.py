@@ -13,7 +13,6 @@ about 7% of the text) form the validation set, every other work the training set
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from spectra_lab.data.errors import DataError
 from spectra_lab.data.paths import default_cache_dir
+from spectra_lab.files import atomic_write
 
 __all__ = [
     "SDIST",
@@ -76,7 +76,7 @@ def fetch_sdist(cache_dir: str | Path | None = None) -> Path:
         if proc.returncode != 0 or not downloaded.exists():
             lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
             raise _fetch_error(lines[-1] if lines else f"pip exited with {proc.returncode}")
-        os.replace(downloaded, target)
+        atomic_write(target, downloaded.read_bytes())
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return target

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from spectra_lab.data.errors import DataError
+from spectra_lab.files import atomic_write
 
 __all__ = [
     "BPE_FILE",
@@ -106,10 +106,7 @@ class BPETokenizer:
 
     def save(self, path: str | Path) -> None:
         """Write the tokenizer JSON atomically."""
-        path = Path(path)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self._tok.to_str(), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, self._tok.to_str())
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

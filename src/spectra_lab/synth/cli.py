@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from spectra.validate import check_int
 from spectra_lab.synth.experiments import (
     FW_CURVE_HEADER,
     SPIKE_CURVE_HEADER,
@@ -127,10 +128,11 @@ def run_spikes(args: argparse.Namespace) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     from spectra_lab.cli import CLIError
 
-    if args.iters is not None and args.iters < 1:
-        raise CLIError(f"--iters must be >= 1, got {args.iters}")
-    if args.threads < 1:
-        raise CLIError(f"--threads must be >= 1, got {args.threads}")
+    try:
+        check_int("--iters", args.iters, low=1, none_ok=True)
+        check_int("--threads", args.threads, low=1)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     if args.out.exists() and not args.out.is_dir():
         raise CLIError(f"--out {args.out} exists and is not a folder")
     written: list[Path] = []

@@ -1,4 +1,4 @@
-"""Atomic result files: write to a temporary file in the target folder, then ``os.replace``."""
+"""Result files of the experiments (JSON, CSV), written atomically by ``spectra_lab.files``."""
 
 from __future__ import annotations
 
@@ -8,37 +8,13 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+from spectra_lab.files import atomic_write
 
 
 def _jsonable(value: Any) -> Any:
@@ -56,7 +32,7 @@ def _jsonable(value: Any) -> Any:
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     text = json.dumps(_jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
-    return write_bytes_atomic(path, (text + "\n").encode())
+    return atomic_write(path, text + "\n")
 
 
 def write_csv_atomic(
@@ -67,7 +43,7 @@ def write_csv_atomic(
     writer.writerow(header)
     for row in rows:
         writer.writerow([f"{v:.10g}" if isinstance(v, float) else v for v in row])
-    return write_bytes_atomic(path, buf.getvalue().encode())
+    return atomic_write(path, buf.getvalue())
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from spectra_lab.files import atomic_write
 from spectra_lab.synth.experiments import FWResults, SpikeResults
-from spectra_lab.synth.files import write_bytes_atomic
 
 METHOD_LABELS = {
     "sgd": "SGD",
@@ -29,7 +29,7 @@ def save_figure(fig: plt.Figure, path: str | os.PathLike, dpi: int = 90) -> Path
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
-    return write_bytes_atomic(path, buf.getvalue())
+    return atomic_write(path, buf.getvalue())
 
 
 def fw_figure(res: FWResults, mode: str, radius: float) -> plt.Figure:

@@ -2,7 +2,10 @@
 
 Configuration layers, later ones winning: the defaults of ``TrainConfig`` (or, with
 ``--resume``, the run directory's saved ``config.yaml``), then ``--config FILE``, then
-``--set key=value`` items, then the direct flags (``--steps``, ``--out``, ...).
+``--set key=value`` items, then the direct flags (``--steps``, ``--out``, ...). Values
+from the command line are strings, read as YAML scalars and typed by the config loader,
+so that a bad value is reported with the field's name. The optimizer and the schedule
+check their own settings when ``train`` starts, before anything runs.
 """
 
 from __future__ import annotations
@@ -11,9 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from spectra_lab.cli import CLIError
 from spectra_lab.train.config import (
-    ConfigError,
     TrainConfig,
     build_config,
     load_saved_config,
@@ -21,8 +22,7 @@ from spectra_lab.train.config import (
     read_config_file,
 )
 
-# flag -> config field; values stay strings and are typed by the config loader so that a
-# bad value is reported with the field's name.
+# flag -> config field
 DIRECT_FLAGS: dict[str, str] = {
     "--steps": "steps",
     "--out": "out_dir",
@@ -49,12 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="set any config field (repeatable), e.g. --set clip_groups=hidden,attn",
+        help="set any config field (repeatable), e.g. --set clip_groups=[hidden,attn]",
     )
     for flag, name in DIRECT_FLAGS.items():
         default = TrainConfig.__dataclass_fields__[name].default
+        shown = f" (default {default})" if default is not None else ""
         parser.add_argument(flag, dest=f"field_{name}", metavar=name.upper(),
-                            help=f"config field {name} (default {default})")  # fmt: skip
+                            help=f"config field {name}{shown}")  # fmt: skip
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -70,54 +71,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Resolve the layered configuration; a bad layer raises a one-line ``CLIError``."""
-    try:
-        file_values = read_config_file(args.config) if args.config else {}
-        set_values = parse_set(args.overrides)
-        flag_values: dict[str, Any] = {
-            name: getattr(args, f"field_{name}")
-            for name in DIRECT_FLAGS.values()
-            if getattr(args, f"field_{name}") is not None
-        }
-        if args.compile:
-            flag_values["compile"] = True
-        if args.no_progress:
-            flag_values["progress"] = False
-        if args.resume:
-            flag_values["resume"] = True
-        if args.overwrite:
-            flag_values["overwrite"] = True
-        layers = [
-            (args.config or "--config", file_values),
-            ("--set", set_values),
-            ("the command line", flag_values),
-        ]
-        base = None
-        if args.resume:
-            out_dir = TrainConfig.__dataclass_fields__["out_dir"].default
-            for _, layer in layers:
-                out_dir = layer.get("out_dir", out_dir)
-            saved = Path(str(out_dir)) / "config.yaml"
-            if saved.is_file():
-                base = load_saved_config(saved)
-        cfg = build_config(*layers, base=base)
-        from spectra_lab.train.trainer import lr_lambda
-
-        lr_lambda(cfg)  # the schedule checks its own settings (e.g. warmup vs decay phase)
-        return cfg
-    except ConfigError as exc:
-        raise CLIError(str(exc)) from None
+    """Resolve the layered configuration; a bad layer raises a one-line ``ConfigError``."""
+    file_values = read_config_file(args.config) if args.config else {}
+    flag_values: dict[str, Any] = {
+        name: getattr(args, f"field_{name}")
+        for name in DIRECT_FLAGS.values()
+        if getattr(args, f"field_{name}") is not None
+    }
+    switches = {"compile": args.compile, "resume": args.resume, "overwrite": args.overwrite}
+    flag_values.update({name: True for name, on in switches.items() if on})
+    if args.no_progress:
+        flag_values["progress"] = False
+    layers = [
+        (args.config or "--config", file_values),
+        ("--set", parse_set(args.overrides)),
+        ("the command line", flag_values),
+    ]
+    base = None
+    if args.resume:
+        out_dir = TrainConfig.__dataclass_fields__["out_dir"].default
+        for _, layer in layers:
+            out_dir = layer.get("out_dir", out_dir)
+        saved = Path(str(out_dir)) / "config.yaml"
+        if saved.is_file():
+            base = load_saved_config(saved)
+    return build_config(*layers, base=base)
 
 
 def run(args: argparse.Namespace) -> int:
-    from spectra_lab.train.checkpoint import CheckpointError
     from spectra_lab.train.trainer import train
 
-    cfg = config_from_args(args)
-    try:
-        result = train(cfg)
-    except (CheckpointError, ConfigError) as exc:
-        raise CLIError(str(exc)) from None
+    result = train(config_from_args(args))
     if result.rank == 0 and result.val_loss is not None:
         print(
             f"final validation loss {result.val_loss:.4f} | perplexity {result.val_ppl:.2f} "

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from spectra_lab.cli import CLIError
-from spectra_lab.train.checkpoint import atomic_write_bytes
+from spectra_lab.files import atomic_write
 from spectra_lab.train.metrics import read_jsonl
 
 
@@ -52,7 +52,7 @@ def plot_comparison(runs: list[Path], labels: list[str], out: Path) -> list[tupl
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    atomic_write_bytes(out, buf.getvalue())
+    atomic_write(out, buf.getvalue())
     return finals
 
 

@@ -5,19 +5,30 @@ embedded Shakespeare corpus with Spectra-AdamW, using the paper's recipe scaled 
 (weight decay 0.1, global gradient clipping 0.5, clipping threshold ``clip_c = 10``
 with the "standard" clipping schedule, WSD learning-rate schedule with the last 20%
 of steps decaying to zero). See docs/training.md for every field.
+
+This module is a leaf of the harness: it knows the fields, their types and their ranges,
+and nothing of the optimizers, the model or the data. Settings that belong to one
+optimizer (betas, momentum, eps, ...) are not fields: the optimizer registry
+(``optimizers.py``) holds each optimizer's defaults and ``optimizer_kwargs`` overrides them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
-import math
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from spectra.validate import check_choice, check_int, check_number
+from spectra_lab.errors import UserError
 
 #: Parameter groups the trainer knows about (see ``optimizers.param_groups``).
 PARAM_GROUPS = ("hidden", "attn", "embed", "head", "norm")
@@ -25,6 +36,12 @@ SCHEDULES = ("wsd", "cosine", "constant")
 CLIP_SCHEDULES = ("standard", "constant")
 PRE_CLIP_SCHEDULES = ("constant", "cosine")
 AUTOCAST_MODES = ("auto", "bf16", "none")
+#: ``warmup_steps = None`` warms up for this fraction of ``steps``.
+WARMUP_FRACTION = 0.1
+
+
+class ConfigError(UserError, ValueError):
+    """A config field that is unknown, ill-typed or out of range (one line naming it)."""
 
 
 @dataclass
@@ -45,9 +62,7 @@ class TrainConfig:
     dataset: str = "shakespeare"  # a name for spectra_lab.data.prepare, or a prepared directory
     tokenizer: str = "bpe"
     vocab_size: int = 4096  # tokenizer vocabulary (used when the dataset is prepared here)
-    data_dir: str | None = (
-        None  # cache root for prepared datasets; None: $SPECTRA_CACHE or ~/.cache/spectra
-    )
+    data_dir: str | None = None  # prepared-datasets root; None: $SPECTRA_CACHE or ~/.cache/spectra
 
     # model
     preset: str = "cpu-small"
@@ -62,18 +77,13 @@ class TrainConfig:
     optimizer: str = "spectra-adamw"
     lr: float = 2e-3
     schedule: str = "wsd"
-    warmup_steps: int = 30
+    warmup_steps: int | None = None  # None: round(WARMUP_FRACTION * steps)
     decay_fraction: float = 0.2  # wsd: the last 20% of steps decay to zero
     final_lr_ratio: float = 0.0  # cosine: final lr / peak lr
 
-    # base optimizer hyperparameters (each optimizer reads the ones it has)
+    # every optimizer: decoupled weight decay, and the optimizer's own keywords over the
+    # registry's defaults for it (betas, eps, momentum, ...)
     weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.999
-    beta3: float = 0.999  # AdEMAMix slow momentum
-    ademamix_alpha: float = 8.0
-    momentum: float = 0.95  # Signum, SGDM, D-Muon
-    eps: float = 1e-8
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
 
     # global gradient-norm clipping of the raw gradient (the paper's "Gradient Clipping")
@@ -107,165 +117,175 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def warmup(self) -> int:
+        """Linear-warmup steps: ``warmup_steps``, or ``round(0.1 * steps)`` when it is None."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return round(WARMUP_FRACTION * self.steps)
+
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first field with a bad value."""
+        """Raise a one-line ``ConfigError`` naming the first field with a bad value."""
+        for name, check in _CHECKS.items():
+            try:
+                check(name, getattr(self, name))
+            except ValueError as exc:
+                raise self._error(name, str(exc)) from None
+        rules = (
+            ("warmup_steps", self.warmup > self.steps, f"exceeds steps = {self.steps}"),
+            ("overwrite", self.resume and self.overwrite, "cannot be combined with resume"),
+            (
+                "pre_clip_schedule",
+                self.pre_clip_schedule == "cosine" and self.pre_clip_c is None,
+                "cosine needs pre_clip_c",
+            ),
+            (
+                "pre_clip_c_final",
+                self.pre_clip_c_final is not None
+                and (self.pre_clip_c is None or self.pre_clip_c_final > self.pre_clip_c),
+                "must not exceed pre_clip_c",
+            ),
+        )
+        for name, broken, why in rules:
+            if broken:
+                raise self._error(name, why)
 
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"config field '{name}' = {getattr(self, name)!r}: {why}")
-
-        for name in ("steps", "batch_size", "grad_accum", "eval_interval", "log_interval"):
-            if getattr(self, name) <= 0:
-                raise bad(name, "must be positive")
-        for name in ("checkpoint_interval", "eval_batches", "keep_checkpoints", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise bad(name, "must be >= 0")
-        if self.warmup_steps > self.steps:
-            raise bad("warmup_steps", f"exceeds steps = {self.steps}")
-        if self.seq_len is not None and self.seq_len <= 0:
-            raise bad("seq_len", "must be positive")
-        if self.eval_batch_size is not None and self.eval_batch_size <= 0:
-            raise bad("eval_batch_size", "must be positive")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise bad("lr", "must be a positive finite number")
-        if self.weight_decay < 0:
-            raise bad("weight_decay", "must be >= 0")
-        if not 0.0 <= self.decay_fraction <= 1.0:
-            raise bad("decay_fraction", "must lie in [0, 1]")
-        if not 0.0 <= self.final_lr_ratio <= 1.0:
-            raise bad("final_lr_ratio", "must lie in [0, 1]")
-        for name in ("beta1", "beta2", "beta3", "momentum"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise bad(name, "must lie in [0, 1)")
-        for name in ("grad_clip", "clip_c", "pre_clip_c", "pre_clip_c_final"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise bad(name, "must be positive (or null to disable)")
-        if isinstance(self.clip_scale, str) and self.clip_scale != "auto":
-            raise bad("clip_scale", "must be 'auto' or a number")
-        if not isinstance(self.clip_scale, str) and not self.clip_scale > 0:
-            raise bad("clip_scale", "must be positive")
-        choices = {
-            "schedule": SCHEDULES,
-            "clip_schedule": CLIP_SCHEDULES,
-            "pre_clip_schedule": PRE_CLIP_SCHEDULES,
-            "autocast": AUTOCAST_MODES,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise bad(name, f"choose from {', '.join(allowed)}")
-        unknown = [g for g in self.clip_groups if g not in PARAM_GROUPS]
-        if unknown:
-            raise bad("clip_groups", f"unknown group {unknown[0]!r}; groups: {PARAM_GROUPS}")
-        if self.resume and self.overwrite:
-            raise bad("overwrite", "cannot be combined with resume")
-        if self.pre_clip_schedule == "cosine" and self.pre_clip_c is None:
-            raise bad("pre_clip_schedule", "cosine needs pre_clip_c")
-        if self.pre_clip_c_final is not None and (
-            self.pre_clip_c is None or self.pre_clip_c_final > self.pre_clip_c
-        ):
-            raise bad("pre_clip_c_final", "must not exceed pre_clip_c")
-        from spectra_lab.train.optimizers import OPTIMIZERS
-
-        if self.optimizer not in OPTIMIZERS:
-            raise bad("optimizer", f"choose from {', '.join(OPTIMIZERS)}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise bad("device", "choose auto, cpu, cuda or cuda:N")
+    def _error(self, name: str, why: str) -> ConfigError:
+        return ConfigError(f"config field '{name}' = {getattr(self, name)!r}: {why}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+def _auto_or_positive(name: str, value: Any) -> Any:
+    if value != "auto":
+        check_number(f"{name} ('auto' or a number)", value, low=0.0, low_open=True)
+
+
+def _groups(name: str, value: list[str]) -> None:
+    for group in value:
+        check_choice(name, group, PARAM_GROUPS)
+
+
+def _device(name: str, value: str) -> None:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(value)):
+        raise ValueError(f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
+
+
+_positive_int = partial(check_int, low=1)
+_count = partial(check_int, low=0)
+_fraction = partial(check_number, low=0.0, high=1.0)
+_positive_or_off = partial(check_number, low=0.0, low_open=True, none_ok=True)
+
+#: field -> check(name, value), raising ValueError (spectra.validate's wording)
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "seed": check_int,
+    "vocab_size": _positive_int,
+    "seq_len": partial(check_int, low=1, none_ok=True),
+    "steps": _positive_int,
+    "batch_size": _positive_int,
+    "grad_accum": _positive_int,
+    "lr": partial(check_number, low=0.0, low_open=True),
+    "schedule": partial(check_choice, choices=SCHEDULES),
+    "warmup_steps": partial(check_int, low=0, none_ok=True),
+    "decay_fraction": _fraction,
+    "final_lr_ratio": _fraction,
+    "weight_decay": partial(check_number, low=0.0),
+    "grad_clip": _positive_or_off,
+    "clip_c": _positive_or_off,
+    "clip_scale": _auto_or_positive,
+    "clip_schedule": partial(check_choice, choices=CLIP_SCHEDULES),
+    "clip_groups": _groups,
+    "pre_clip_c": _positive_or_off,
+    "pre_clip_schedule": partial(check_choice, choices=PRE_CLIP_SCHEDULES),
+    "pre_clip_c_final": _positive_or_off,
+    "eval_interval": _positive_int,
+    "eval_batches": _count,
+    "eval_batch_size": partial(check_int, low=1, none_ok=True),
+    "log_interval": _positive_int,
+    "checkpoint_interval": _count,
+    "keep_checkpoints": _count,
+    "device": _device,
+    "autocast": partial(check_choice, choices=AUTOCAST_MODES),
+}
+
+
 # ---------------------------------------------------------------------------------------
-# Loading and overrides. Errors are ConfigError (a ValueError) with one line naming the
-# field; the CLI turns them into spectra_lab.cli.CLIError.
-
-
-class ConfigError(ValueError):
-    """A config file or override that names an unknown field or has an ill-typed value."""
-
+# Loading and overrides: every key must be a field and every value must have the field's
+# type; otherwise a one-line ConfigError names the field and where the value came from.
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_HINTS = typing.get_type_hints(TrainConfig)
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-_NONE = {"none", "null", "~", ""}
+
+
+def _kinds(hint: Any) -> tuple[Any, ...]:
+    """The types a field accepts, ``str`` last (``str | float``: a number if it reads as one)."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = typing.get_args(hint) if union else (hint,)
+    return tuple(sorted(kinds, key=lambda kind: kind is str))
+
+
+_KINDS = {name: _kinds(hint) for name, hint in typing.get_type_hints(TrainConfig).items()}
+_MISMATCH = object()
+_EXPECTED = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    type(None): "null",
+    list[str]: "a list of strings",
+    dict[str, Any]: "a mapping",
+}
+
+
+def _as(kind: Any, value: Any) -> Any:
+    """``value`` as ``kind``, or ``_MISMATCH``."""
+    if kind in (bool, str, type(None)):
+        return value if isinstance(value, kind) else _MISMATCH
+    if kind is int:  # a bool is not a number
+        return value if isinstance(value, int) and not isinstance(value, bool) else _MISMATCH
+    if kind is float:  # PyYAML reads 1e-3 (no dot) as a string
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        return _MISMATCH
+    if kind == list[str]:  # "a,b" is the list [a, b]
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        return list(value) if ok else _MISMATCH
+    return dict(value) if isinstance(value, dict) else _MISMATCH  # optimizer_kwargs
+
+
+def _typed(name: str, value: Any, source: str) -> Any:
+    """``value`` as field ``name``'s type.
+
+    A string for a field that is not a string (a ``--set`` or flag value, or a file value
+    YAML left as text) is read as a YAML scalar first: ``1e-3``, ``null``, ``[a, b]``,
+    ``{k: v}``; a string field keeps its text unless it reads as null.
+    """
+    kinds = _KINDS[name]
+    given = value
+    if isinstance(value, str):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        if str not in kinds or parsed is None:
+            value = parsed
+    for kind in kinds:
+        converted = _as(kind, value)
+        if converted is not _MISMATCH:
+            return converted
+    expected = " or ".join(_EXPECTED[kind] for kind in kinds)
+    raise ConfigError(f"config field '{name}' in {source}: expected {expected}, got {given!r}")
 
 
 def _unknown(name: str, source: str) -> ConfigError:
     close = difflib.get_close_matches(name, _FIELDS, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return ConfigError(f"unknown config field '{name}' in {source}{hint}")
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    """Convert ``value`` (from YAML/TOML or a command-line string) to the field's type."""
-    hint = _HINTS[name]
-    optional = False
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        optional = type(None) in args
-        args = tuple(a for a in args if a is not type(None))
-        hint = args[0] if len(args) == 1 else hint
-
-    def fail(expected: str) -> ConfigError:
-        return ConfigError(f"config field '{name}' in {source}: expected {expected}, got {value!r}")
-
-    if optional and (value is None or (isinstance(value, str) and value.lower() in _NONE)):
-        return None
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise fail("true or false")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise fail("an integer")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise fail("a number")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise fail("a string")
-    if hint == (str | float):  # clip_scale: "auto" or a number
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                return value
-        raise fail("'auto' or a number")
-    origin = typing.get_origin(hint)
-    if origin is list:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return list(value)
-        raise fail("a list of strings")
-    if origin is dict:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                raise fail("a JSON object") from None
-        if isinstance(value, dict):
-            return dict(value)
-        raise fail("a mapping")
-    raise fail(str(hint))  # pragma: no cover - every field type is handled above
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -276,8 +296,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     text = path.read_text()
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
-        import yaml
-
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -303,7 +321,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def parse_set(items: list[str]) -> dict[str, str]:
-    """Parse ``--set key=value`` items (values stay strings; typed later)."""
+    """Parse ``--set key=value`` items (values stay strings; typed by ``build_config``)."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -318,39 +336,24 @@ def build_config(
 ) -> TrainConfig:
     """Merge ``(source, values)`` layers over ``base`` (default: the dataclass defaults).
 
-    Later layers win. Every key must be a field and every value must convert to the
-    field's type; otherwise a one-line ``ConfigError`` names the field and its source.
+    Later layers win. Every key must be a field and every value must have the field's
+    type; otherwise a one-line ``ConfigError`` names the field and its source.
     """
     values = dict(base) if base is not None else {}
     for source, layer in layers:
         for name, value in layer.items():
             if name not in _FIELDS:
                 raise _unknown(name, source)
-            values[name] = _coerce(name, value, source)
-    unknown = [k for k in values if k not in _FIELDS]
-    if unknown:
-        raise _unknown(unknown[0], "the saved config")
-    try:
-        return TrainConfig(**values)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def save_config(cfg: TrainConfig, path: Path) -> None:
-    """Write the resolved config as YAML (atomically)."""
-    import yaml
-
-    from spectra_lab.train.checkpoint import atomic_write_bytes
-
-    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-    atomic_write_bytes(path, text.encode())
+            values[name] = _typed(name, value, source)
+    return TrainConfig(**values)
 
 
 def load_saved_config(path: Path) -> dict[str, Any]:
-    """Read a config written by ``save_config`` back into a dict of field values."""
-    import yaml
+    """Read a run directory's ``config.yaml`` back into a dict of field values.
 
+    Fields this version no longer has are skipped, and so are ``resume`` and ``overwrite``:
+    how the saved run was started says nothing about how it is continued.
+    """
     data = yaml.safe_load(path.read_text()) or {}
-    # How the saved run was started says nothing about how it is continued.
     skip = {"resume", "overwrite"}
-    return {k: _coerce(k, v, str(path)) for k, v in data.items() if k in _FIELDS and k not in skip}
+    return {k: _typed(k, v, str(path)) for k, v in data.items() if k in _FIELDS and k not in skip}

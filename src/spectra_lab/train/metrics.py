@@ -1,9 +1,14 @@
-"""Metrics files of a run directory: ``metrics.jsonl``, ``train.csv``, ``eval.csv``, plots.
+"""What a run reports: its directory's files, the progress bar and the log lines.
 
-Every record is one JSON line with ``kind`` ("train" or "eval") and ``step``. The CSV
-files hold the same numbers with fixed columns, for spreadsheets and pandas. Lines are
-appended as training goes; on resume the files are cut back to the checkpoint's step
-so that a resumed run's files read exactly like an uninterrupted run's.
+:class:`RunLog` is the one writer of the run directory (besides the checkpoints): rank 0
+writes ``config.yaml`` and ``run.json`` when the run starts, the metrics files as it goes,
+``loss.png`` and ``summary.json`` when it ends.
+
+The metrics files are ``metrics.jsonl``, ``train.csv`` and ``eval.csv``. Every record is
+one JSON line with ``kind`` ("train" or "eval") and ``step``; the CSV files hold the same
+numbers with fixed columns, for spreadsheets and pandas. Lines are appended as training
+goes; on resume the files are cut back to the checkpoint's step so that a resumed run's
+files read exactly like an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -12,10 +17,15 @@ import csv
 import io
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
-from spectra_lab.train.checkpoint import atomic_write_bytes
+import yaml
+
+from spectra_lab.files import atomic_write
+from spectra_lab.train.config import TrainConfig
+from spectra_lab.train.runtime import Runtime
 
 TRAIN_COLUMNS = (
     "step",
@@ -65,9 +75,9 @@ class MetricsWriter:
         self.train_records = [r for r in kept if r["kind"] == "train"]
         self.eval_records = [r for r in kept if r["kind"] == "eval"]
         # Start from a consistent state: rewrite (atomically) whatever is kept.
-        atomic_write_bytes(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept).encode())
-        atomic_write_bytes(self.train_csv, _csv_text(TRAIN_COLUMNS, self.train_records).encode())
-        atomic_write_bytes(self.eval_csv, _csv_text(EVAL_COLUMNS, self.eval_records).encode())
+        atomic_write(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write(self.train_csv, _csv_text(TRAIN_COLUMNS, self.train_records))
+        atomic_write(self.eval_csv, _csv_text(EVAL_COLUMNS, self.eval_records))
 
     def log(self, kind: str, record: dict[str, Any]) -> None:
         record = {"kind": kind, **record}
@@ -130,4 +140,94 @@ def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50.0))
+
+
+class RunLog:
+    """Everything rank 0 reports; on the other ranks every method does nothing.
+
+    It writes ``config.yaml`` and ``run.json`` when it opens, keeps the metrics files
+    (``metrics.jsonl``, ``train.csv``, ``eval.csv``), shows the progress bar or the log
+    lines, and writes ``loss.png`` (once) and ``summary.json`` when the run finishes.
+    """
+
+    def __init__(
+        self, run_dir: Path, cfg: TrainConfig, rt: Runtime, start: int, about: dict[str, Any]
+    ) -> None:
+        self.run_dir, self.cfg, self.active = run_dir, cfg, rt.is_main
+        self.bar = None
+        if not self.active:
+            return
+        atomic_write(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        atomic_write(run_dir / "run.json", json.dumps(about, indent=2))
+        self.metrics = MetricsWriter(run_dir, resume_step=start or None)
+        if cfg.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=cfg.steps, initial=start, desc="train", dynamic_ncols=True, file=sys.stderr
+            )
+        self.line(
+            f"{cfg.optimizer} | preset {cfg.preset} | {about['parameters'] / 1e6:.2f}M params | "
+            f"{about['tokens_per_step']} tokens/step | {rt.device} x{rt.world_size} | "
+            f"steps {start}->{cfg.steps}"
+        )
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def line(self, text: str) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def train(self, r: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        self.metrics.log("train", r)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(
+                loss=f"{r['loss']:.4f}", lr=f"{r['lr']:.2e}", tok_s=f"{r['tokens_per_s']:.0f}"
+            )
+        elif r["step"] % self.cfg.log_interval == 0:
+            self.line(
+                f"step {r['step']:>6} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
+                f"{r['tokens_per_s']:.0f} tok/s"
+            )
+
+    def eval(self, step: int, tokens: int, val_loss: float, seconds: float) -> None:
+        if not self.active:
+            return
+        ppl = perplexity(val_loss)
+        record = {"step": step, "tokens": tokens, "val_loss": val_loss, "val_ppl": ppl}
+        self.metrics.log("eval", {**record, "t_eval": seconds})
+        self.line(f"step {step:>6} | val loss {val_loss:.4f} | val ppl {ppl:.2f}")
+
+    def finish(self, tokens: int, val_loss: float | None, parameters: int) -> None:
+        """Draw ``loss.png`` (the one time it is drawn) and write ``summary.json``."""
+        if not self.active:
+            return
+        if self.cfg.plot:
+            self.metrics.plot()
+        summary = {
+            "step": self.cfg.steps,
+            "tokens": tokens,
+            "val_loss": val_loss,
+            "val_ppl": perplexity(val_loss) if val_loss is not None else None,
+            "optimizer": self.cfg.optimizer,
+            "preset": self.cfg.preset,
+            "parameters": parameters,
+        }
+        atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -1,9 +1,9 @@
-"""Every optimizer the trainer can build, in one registry: ``name -> builder``.
+"""Every optimizer the trainer can build, in one registry: ``name -> Recipe``.
 
-A builder receives the parameter groups made by :func:`param_groups` and the
-:class:`~spectra_lab.train.config.TrainConfig`, and returns a ``torch.optim.Optimizer``.
-All optimizer construction lives here so that the rest of the trainer never depends
-on an optimizer's keyword arguments.
+A recipe is the optimizer's class, its default keywords (the settings of the paper's
+runs; ``TrainConfig.optimizer_kwargs`` overrides them) and how the parameter groups are
+shaped for it. All optimizer construction lives here, so the rest of the trainer never
+depends on an optimizer's keyword arguments.
 
 Parameter groups follow the paper's code: decoupled weight decay on the hidden (MLP)
 and attention matrices only; none on norms, the token embedding and the output head.
@@ -16,18 +16,32 @@ norm gains are vectors, for which a spectral norm is just the Euclidean norm.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from spectra_lab.train.config import TrainConfig
+import spectra
+from spectra.validate import check_choice
+from spectra_lab.train.config import ConfigError, TrainConfig
 
-Builder = Callable[[list[dict[str, Any]], TrainConfig], torch.optim.Optimizer]
+LRLambda = Callable[[int], float]
+Groups = list[dict[str, Any]]
 
 #: groups that get weight decay (the paper's code: hidden and attention matrices)
 DECAY_GROUPS = ("hidden", "attn")
+#: keywords that have a config field of the same name, which sets them
+CONFIG_KEYWORDS = (
+    "lr", "weight_decay", "clip_c", "clip_scale", "clip_schedule", "pre_clip_c",
+    "pre_clip_schedule",
+)  # fmt: skip
+#: per-group SPECTRA settings without a config field; spectra's optimizers take them
+SPECTRA_KEYWORDS = ("clip_method", "clip_params", "post")
 
 
 def group_of(name: str, param: torch.Tensor) -> str:
@@ -46,12 +60,12 @@ def group_of(name: str, param: torch.Tensor) -> str:
     return "embed"
 
 
-def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, cfg: TrainConfig) -> Groups:
     """Split the trainable parameters into the named groups (empty groups dropped).
 
     Each group dict has ``params``, ``group`` (its name), ``weight_decay`` and
-    ``spectral_clip`` (whether SPECTRA clips it); builders turn the last key into the
-    optimizer's own keywords.
+    ``spectral_clip`` (whether SPECTRA clips it); a recipe's group shaper turns the last
+    key into the optimizer's own keys.
     """
     buckets: dict[str, list[torch.Tensor]] = {}
     for name, p in model.named_parameters():  # tied weights appear once
@@ -68,170 +82,155 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
     ]
 
 
-def _plain(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+# ---------------------------------------------------------------------------------------
+# group shapers: (groups, cfg, lr_lambda) -> the optimizer's param groups
+
+
+def plain_groups(groups: Groups, cfg: TrainConfig, lr_lambda: LRLambda) -> Groups:
     """Groups for an optimizer that knows nothing of SPECTRA."""
     return [{k: v for k, v in g.items() if k != "spectral_clip"} for g in groups]
 
 
-def _pre_clip_schedule(cfg: TrainConfig) -> str | dict[str, Any]:
-    if cfg.pre_clip_schedule == "constant":
-        return "constant"
-    # cosine from pre_clip_c to pre_clip_c_final over the whole run
-    final = cfg.pre_clip_c_final if cfg.pre_clip_c_final is not None else cfg.pre_clip_c / 1000
-    return {
-        "kind": "cosine",
-        "total_steps": cfg.steps,
-        "decay_fraction": 1.0,
-        "final_ratio": final / cfg.pre_clip_c,
-    }
+def muon_groups(groups: Groups, cfg: TrainConfig, lr_lambda: LRLambda) -> Groups:
+    """D-Muon: Muon on the hidden/attention matrices, AdamW on the rest."""
+    plain = plain_groups(groups, cfg, lr_lambda)
+    return [{**g, "use_muon": g["group"] in DECAY_GROUPS} for g in plain]
 
 
-def spectral_groups(
-    groups: list[dict[str, Any]], cfg: TrainConfig, spectral: bool = True, **extra: Any
-) -> list[dict[str, Any]]:
-    """Groups carrying the SPECTRA keywords of ``spectra.optim`` optimizers.
-
-    Groups in ``cfg.clip_groups`` get the threshold ``clip_c``, the scale ``clip_scale``,
-    the clipping schedule (``clip_schedule`` with the run's ``warmup_steps``, which the
-    "standard" schedule needs) and the pre-clipping settings; the optimizer computes the
-    per-step thresholds ``c_k`` itself. Every other group, and every group when
-    ``spectral=False`` (the plain base optimizers), gets ``clip_c=None``: no clipping.
-    """
-    out = []
-    for g in groups:
-        d = {k: v for k, v in g.items() if k != "spectral_clip"}
-        if spectral and g["spectral_clip"]:
-            d.update(
-                clip_c=cfg.clip_c,
-                clip_scale=cfg.clip_scale,
-                clip_schedule=cfg.clip_schedule,
-                warmup_steps=cfg.warmup_steps,
-                pre_clip_c=cfg.pre_clip_c,
-                pre_clip_schedule=_pre_clip_schedule(cfg),
-                **extra,
-            )
-        else:
-            d.update(clip_c=None, pre_clip_c=None)
-        out.append(d)
-    return out
-
-
-def current_clip_c(optimizer: torch.optim.Optimizer, step: int) -> float | None:
-    """The threshold ``c_k`` the optimizer applies at 0-based ``step`` (first clipped group).
-
-    ``None`` when no group is spectrally clipped. Call it after the LR scheduler has set
-    this step's learning rate, since the "standard" schedule depends on it.
-    """
-    for group in optimizer.param_groups:
-        if group.get("clip_c") is not None and group.get("post", "clip") != "orth":
-            from spectra.optim.base import post_threshold
-
-            return post_threshold(group, step)
+def clip_schedule(cfg: TrainConfig, lr_lambda: LRLambda) -> Callable[[int], float] | None:
+    """``c_k / c``: the paper's "standard" rule over the run's own lr schedule, or constant."""
+    if cfg.clip_schedule == "standard":  # c_k = c / lr_lambda(k) during warmup
+        return spectra.standard_clip_schedule(lr_lambda, cfg.warmup)
     return None
 
 
-def _optim(name: str) -> type:
-    import spectra.optim
-
-    return getattr(spectra.optim, name)
-
-
-def _adamw(groups, cfg, spectral=False, **extra):
-    return _optim("AdamW")(
-        spectral_groups(groups, cfg, spectral, **extra),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        **cfg.optimizer_kwargs,
+def pre_clip_schedule(cfg: TrainConfig) -> Callable[[int], float] | None:
+    """Constant, or cosine from ``pre_clip_c`` to ``pre_clip_c_final`` over the whole run."""
+    if cfg.pre_clip_schedule == "constant" or cfg.pre_clip_c is None:
+        return None
+    final = cfg.pre_clip_c_final if cfg.pre_clip_c_final is not None else cfg.pre_clip_c / 1000
+    return spectra.ClipSchedule(
+        "cosine", total_steps=cfg.steps, decay_fraction=1.0, final_ratio=final / cfg.pre_clip_c
     )
 
 
-def _signum(groups, cfg, spectral=False):
-    return _optim("Signum")(
-        spectral_groups(groups, cfg, spectral),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        nesterov=True,
-        **cfg.optimizer_kwargs,
-    )
+def spectral_groups(
+    groups: Groups,
+    cfg: TrainConfig,
+    lr_lambda: LRLambda,
+    *,
+    clip: bool = True,
+    post: str | None = None,
+) -> Groups:
+    """Groups carrying the SPECTRA keys of ``spectra``'s optimizers.
+
+    With ``clip``, the groups in ``cfg.clip_groups`` get the threshold ``clip_c``, the
+    scale ``clip_scale``, the threshold schedule, the pre-clipping settings and ``post``
+    when given; the optimizer computes the per-step thresholds ``c_k`` itself. Every other
+    group, and every group without ``clip`` (the plain base optimizers), gets
+    ``clip_c=None``: no clipping.
+    """
+    off = {"clip_c": None, "pre_clip_c": None}
+    on = off
+    if clip:
+        on = {
+            "clip_c": cfg.clip_c,
+            "clip_scale": cfg.clip_scale,
+            "clip_schedule": clip_schedule(cfg, lr_lambda),
+            "pre_clip_c": cfg.pre_clip_c,
+            "pre_clip_schedule": pre_clip_schedule(cfg),
+            **({"post": post} if post is not None else {}),
+        }
+    return [
+        {**plain, **(on if g["spectral_clip"] else off)}
+        for g, plain in zip(groups, plain_groups(groups, cfg, lr_lambda), strict=True)
+    ]
 
 
-def _ademamix(groups, cfg, spectral=False):
-    return _optim("AdEMAMix")(
-        spectral_groups(groups, cfg, spectral),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2, cfg.beta3),
-        alpha=cfg.ademamix_alpha,
-        eps=cfg.eps,
-        **cfg.optimizer_kwargs,
-    )
+# ---------------------------------------------------------------------------------------
+# the registry
 
 
-def _mars(groups, cfg, spectral=False):
-    # MARS keeps its own betas (0.95, 0.99), gamma 0.025 and 1-D AdamW settings, the
-    # paper's table values; override them through optimizer_kwargs.
-    return _optim("MARS")(
-        spectral_groups(groups, cfg, spectral), lr=cfg.lr, eps=cfg.eps, **cfg.optimizer_kwargs
-    )
+@dataclass(frozen=True)
+class Recipe:
+    """How the harness builds one optimizer: class, default keywords, group shaper."""
+
+    optimizer: Callable[..., torch.optim.Optimizer]
+    defaults: dict[str, Any]
+    groups: Callable[[Groups, TrainConfig, LRLambda], Groups] = plain_groups
+
+    def keywords(self) -> set[str]:
+        """The keywords ``optimizer_kwargs`` may set."""
+        params = inspect.signature(self.optimizer).parameters.values()
+        named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if any(p.kind is p.VAR_KEYWORD for p in params):  # spectra's per-group settings
+            named.update(SPECTRA_KEYWORDS)
+        return named - {"params", *CONFIG_KEYWORDS}
 
 
-def _sgdm(groups, cfg, spectral=False):
-    # spectra's SGDM averages M <- (1 - beta) M + beta g: beta is one minus the momentum.
-    return _optim("SGDM")(
-        spectral_groups(groups, cfg, spectral),
-        lr=cfg.lr,
-        beta=1.0 - cfg.momentum,
-        **cfg.optimizer_kwargs,
-    )
+ADAM = {"betas": (0.9, 0.999), "eps": 1e-8}
+MOMENTUM = {"momentum": 0.95, "nesterov": True}
+ADEMAMIX = {"betas": (0.9, 0.999, 0.999), "alpha": 8.0, "eps": 1e-8}
+# MARS keeps its own betas (0.95, 0.99), gamma 0.025 and 1-D AdamW settings, the paper's.
+MARS = {"eps": 1e-8}
+SGDM = {"momentum": 0.95}  # M <- 0.95 M + 0.05 g
 
+_base = partial(spectral_groups, clip=False)
 
-def _dmuon(groups, cfg):
-    # Muon on the hidden/attention matrices, AdamW on the rest (embeddings, head, norms).
-    g = [{**d, "use_muon": d["group"] in DECAY_GROUPS} for d in _plain(groups)]
-    return _optim("DMuon")(
-        g, lr=cfg.lr, momentum=cfg.momentum, nesterov=True, **cfg.optimizer_kwargs
-    )
-
-
-def _soap(groups, cfg):
-    return _optim("SOAP")(
-        _plain(groups),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        **cfg.optimizer_kwargs,
-    )
-
-
-def _torch_adamw(groups, cfg):
-    """PyTorch's own AdamW: a reference baseline with no SPECTRA code involved."""
-    return torch.optim.AdamW(
-        _plain(groups),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        **cfg.optimizer_kwargs,
-    )
-
-
-OPTIMIZERS: dict[str, Builder] = {
-    "adamw": _adamw,
-    "spectra-adamw": lambda g, c: _adamw(g, c, spectral=True),
-    "adamw-post-orth": lambda g, c: _adamw(g, c, spectral=True, post="orth"),
-    "signum": _signum,
-    "spectra-signum": lambda g, c: _signum(g, c, spectral=True),
-    "ademamix": _ademamix,
-    "spectra-ademamix": lambda g, c: _ademamix(g, c, spectral=True),
-    "mars": _mars,
-    "spectra-mars": lambda g, c: _mars(g, c, spectral=True),
-    "sgdm": _sgdm,
-    "spectra-sgdm": lambda g, c: _sgdm(g, c, spectral=True),
-    "dmuon": _dmuon,
-    "soap": _soap,
-    "torch-adamw": _torch_adamw,
+OPTIMIZERS: dict[str, Recipe] = {
+    "adamw": Recipe(spectra.AdamW, ADAM, _base),
+    "spectra-adamw": Recipe(spectra.AdamW, ADAM, spectral_groups),
+    "adamw-post-orth": Recipe(spectra.AdamW, ADAM, partial(spectral_groups, post="orthogonalize")),
+    "signum": Recipe(spectra.Signum, MOMENTUM, _base),
+    "spectra-signum": Recipe(spectra.Signum, MOMENTUM, spectral_groups),
+    "ademamix": Recipe(spectra.AdEMAMix, ADEMAMIX, _base),
+    "spectra-ademamix": Recipe(spectra.AdEMAMix, ADEMAMIX, spectral_groups),
+    "mars": Recipe(spectra.MARS, MARS, _base),
+    "spectra-mars": Recipe(spectra.MARS, MARS, spectral_groups),
+    "sgdm": Recipe(spectra.SGDM, SGDM, _base),
+    "spectra-sgdm": Recipe(spectra.SGDM, SGDM, spectral_groups),
+    "dmuon": Recipe(spectra.DMuon, MOMENTUM, muon_groups),
+    "soap": Recipe(spectra.SOAP, ADAM, plain_groups),
+    # PyTorch's own AdamW: a reference with no code of this project in the step
+    "torch-adamw": Recipe(torch.optim.AdamW, ADAM, plain_groups),
 }
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer ``cfg.optimizer`` over ``param_groups(model, cfg)``."""
-    return OPTIMIZERS[cfg.optimizer](param_groups(model, cfg), cfg)
+def check_optimizer(cfg: TrainConfig) -> Recipe:
+    """The recipe of ``cfg.optimizer``; a bad name or keyword is a one-line ``ConfigError``."""
+    try:
+        check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    except ValueError as exc:
+        raise ConfigError(f"config field 'optimizer' = {cfg.optimizer!r}: {exc}") from None
+    recipe = OPTIMIZERS[cfg.optimizer]
+    takes = recipe.keywords()
+    for key in cfg.optimizer_kwargs:
+        if key in CONFIG_KEYWORDS:
+            why = f"set the config field '{key}' instead"
+        elif key not in takes:
+            close = difflib.get_close_matches(key, takes, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            why = f"{cfg.optimizer} takes no keyword '{key}'{hint}"
+        else:
+            continue
+        raise ConfigError(f"config field 'optimizer_kwargs' = {cfg.optimizer_kwargs!r}: {why}")
+    return recipe
+
+
+def build_optimizer(
+    model: nn.Module, cfg: TrainConfig, lr_lambda: LRLambda
+) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.optimizer`` over ``param_groups(model, cfg)``.
+
+    ``lr_lambda`` is the run's LR schedule, the same object ``LambdaLR`` gets: the
+    "standard" clipping schedule is defined through it.
+    """
+    recipe = check_optimizer(cfg)
+    groups = recipe.groups(param_groups(model, cfg), cfg, lr_lambda)
+    return recipe.optimizer(groups, lr=cfg.lr, **{**recipe.defaults, **cfg.optimizer_kwargs})
+
+
+def clip_threshold(optimizer: torch.optim.Optimizer) -> float | None:
+    """``c_k`` of the step about to be taken, or ``None`` (no clipping, or not spectra's)."""
+    threshold = getattr(optimizer, "clip_threshold", None)
+    return threshold() if threshold is not None else None

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from spectra.validate import check_int, check_number
 from spectra_lab.cli import CLIError
-from spectra_lab.train.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from spectra_lab.train.checkpoint import load_checkpoint, resolve_checkpoint
 
 
 def load_model(ckpt: str | Path, device: str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
@@ -36,16 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from spectra_lab.data import load_tokenizer
 
-    if args.tokens <= 0:
-        raise CLIError(f"--tokens must be positive, got {args.tokens}")
-    if args.temperature <= 0:
-        raise CLIError(f"--temperature must be positive, got {args.temperature}")
-    if args.top_k is not None and args.top_k <= 0:
-        raise CLIError(f"--top-k must be positive, got {args.top_k}")
     try:
-        model, state = load_model(args.ckpt, device=args.device)
-    except CheckpointError as exc:
+        check_int("--tokens", args.tokens, low=1)
+        check_number("--temperature", args.temperature, low=0.0, low_open=True)
+        check_int("--top-k", args.top_k, low=1, none_ok=True)
+    except ValueError as exc:
         raise CLIError(str(exc)) from None
+    model, state = load_model(args.ckpt, device=args.device)
     tokenizer = load_tokenizer(Path(state["dataset_dir"]))
     ids = tokenizer.encode(args.prompt)
     if not ids:
