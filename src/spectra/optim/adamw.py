@@ -55,7 +55,7 @@ class AdamW(SpectraOptimizer):
         **spectra: SPECTRA settings (``clip_c``, ``clip_scale``, ``clip_method``,
             ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``);
             see :mod:`spectra.optim.settings` and ``docs/optimizers.md``.
-        nonfinite, batch_elements: see :class:`~spectra.optim.base.SpectraOptimizer`.
+        nonfinite, batch_elements, split_work: see :class:`~spectra.optim.base.SpectraOptimizer`.
     """
 
     def __init__(
@@ -68,11 +68,17 @@ class AdamW(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        split_work: bool = True,
         **spectra: Any,
     ) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         super().__init__(
-            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+            params,
+            defaults,
+            spectra,
+            nonfinite=nonfinite,
+            batch_elements=batch_elements,
+            split_work=split_work,
         )
 
     def _check_group(self, group: dict[str, Any]) -> None:

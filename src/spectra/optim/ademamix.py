@@ -56,6 +56,7 @@ class AdEMAMix(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        split_work: bool = True,
         **spectra: Any,
     ) -> None:
         defaults = {
@@ -68,7 +69,12 @@ class AdEMAMix(SpectraOptimizer):
             "weight_decay": weight_decay,
         }
         super().__init__(
-            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+            params,
+            defaults,
+            spectra,
+            nonfinite=nonfinite,
+            batch_elements=batch_elements,
+            split_work=split_work,
         )
 
     def _check_group(self, group: dict[str, Any]) -> None:

@@ -11,7 +11,10 @@ A subclass supplies the base direction:
   added and counted here; it is 1 during the first step);
 * ``_direction(group, params, grads, states, out)`` updates the states and writes the base
   direction ``U`` of each parameter into ``out`` with ``torch._foreach_*`` ops (``grads`` are
-  the possibly pre-clipped gradients; never modify them);
+  the possibly pre-clipped gradients; never modify them). Under FSDP2 ``grads``, ``out`` and
+  the state tensors are local shards, while ``params`` are the ``DTensor`` parameters: a
+  direction that is not elementwise (MARS's norm) combines the shards through
+  :func:`spectra.optim.distributed.frobenius_norms`;
 * optionally ``_check_group(group)`` validates the base hyperparameters, and
   ``_param_rules(group, p)`` returns a per-parameter ``(lr_scale, weight_decay)`` (MARS uses
   it for its 1-D AdamW).
@@ -30,6 +33,14 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from spectra.optim.chain import ParamPlan, all_finite, spectra_step
+from spectra.optim.distributed import (
+    check_layout,
+    check_replicated,
+    is_sharded,
+    local,
+    shard_group,
+    split_group,
+)
 from spectra.optim.settings import (
     SPECTRA_DEFAULTS,
     check_spectra_settings,
@@ -63,6 +74,12 @@ class SpectraOptimizer(Optimizer):
         batch_elements: at most this many elements (or one matrix, if larger) go through a
             spectral operator at once, bounding the step's transient memory; ``None``
             (default) is 1/32 of all the step's clipped matrices.
+        split_work: under ``torch.distributed`` with replicated parameters (DDP), divide the
+            spectral operators among the ranks: each matrix is clipped by one rank and the
+            results are broadcast (:mod:`spectra.optim.distributed`). On by default when a
+            process group with more than one rank is initialised; the first step checks that
+            the parameters agree across ranks. ``DTensor`` parameters (FSDP2) are always
+            assembled and clipped by one owner rank each, whatever this setting.
     """
 
     def __init__(
@@ -73,6 +90,7 @@ class SpectraOptimizer(Optimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        split_work: bool = True,
     ) -> None:
         unknown = set(spectra) - set(SPECTRA_DEFAULTS)
         if unknown:
@@ -83,11 +101,13 @@ class SpectraOptimizer(Optimizer):
             **spectra,
             "nonfinite": check_choice("nonfinite", nonfinite, NONFINITE_POLICIES),
             "batch_elements": check_int("batch_elements", batch_elements, low=1, none_ok=True),
+            "split_work": check_choice("split_work", split_work, (True, False)),
         }
         # Hyperparameters are checked before the parameters are looked at.
         check_spectra_settings(defaults)
         self._check_group(defaults)
         self.num_skipped_steps = 0
+        self._replication_checked = False
         super().__init__(params, defaults)
 
     # -- what a subclass provides -------------------------------------------------------
@@ -124,20 +144,25 @@ class SpectraOptimizer(Optimizer):
                 loss = closure()
         work = self._work()
         params = [p for _, ps in work for p in ps]
-        grads = [p.grad for p in params]
         if not params:
             return loss
-        if not all_finite(grads):
+        grads = [local(p.grad) for p in params]
+        if not all_finite(grads, shard_group(params)):
             self._nonfinite("a gradient", "no parameter or state was changed")
             return loss
+        group = split_group(params, self.defaults["split_work"])
+        if group is not None and not self._replication_checked:
+            check_replicated(params, group)
+            self._replication_checked = True
         plans = self._plans(work)
         stepped = spectra_step(
-            params,
+            [local(p) for p in params],
             grads,
             plans,
             lambda idx, g: self._directions(work, idx, g),
             chunk_elements=self._chunk_elements(params),
             batch_elements=self.defaults["batch_elements"],
+            group=group,
         )
         if not stepped:
             self._nonfinite(
@@ -152,6 +177,8 @@ class SpectraOptimizer(Optimizer):
             for p in params:
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                if is_sharded(p):
+                    check_layout(p)
             if params:
                 work.append((group, params))
         return work
@@ -187,8 +214,10 @@ class SpectraOptimizer(Optimizer):
             while end < len(idx) and where[idx[end]][0] is group:
                 end += 1
             params = [where[i][1] for i in idx[start:end]]
-            bufs = [torch.empty_like(p, memory_format=torch.preserve_format) for p in params]
-            self._direction(group, params, grads[start:end], [self.state[p] for p in params], bufs)
+            # The math acts on local shards; the state stays DTensor for checkpoints.
+            states = [{k: local(v) for k, v in self.state[p].items()} for p in params]
+            bufs = [torch.empty_like(local(p), memory_format=torch.preserve_format) for p in params]
+            self._direction(group, params, grads[start:end], states, bufs)
             out += bufs
             start = end
         return out
@@ -230,6 +259,7 @@ class SpectraOptimizer(Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.__dict__.setdefault("num_skipped_steps", 0)
+        self.__dict__.setdefault("_replication_checked", False)
         # Groups saved without some settings (e.g. by torch.optim.AdamW) take the defaults.
         for group in self.param_groups:
             for key, value in self.defaults.items():

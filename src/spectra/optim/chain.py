@@ -32,13 +32,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
 from spectra.ops import batched_apply_, hard_clip, orthogonalize, soft_clip
+from spectra.optim.distributed import all_agree_finite, apply_replicated, apply_sharded
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 PostKind = Literal["soft_clip", "hard_clip", "orthogonalize"]
 POST_KINDS: tuple[str, ...] = ("soft_clip", "hard_clip", "orthogonalize")
@@ -80,6 +84,8 @@ class ParamPlan:
         pre: the operator on the raw gradient, or ``None``.
         post: the operator on the direction, or ``None``.
         scale: α, the factor of the update (1 without a post operator).
+        shard: the ``DTensor`` parameter when the chain gets its local shard (FSDP2); the
+            spectral links then assemble the whole matrix (see :mod:`spectra.optim.distributed`).
     """
 
     lr: float
@@ -88,6 +94,7 @@ class ParamPlan:
     pre: SpectralOp | None = None
     post: SpectralOp | None = None
     scale: float = 1.0
+    shard: Tensor | None = field(default=None, compare=False, repr=False)
 
 
 # --------------------------------------------------------------------------- the links
@@ -95,21 +102,46 @@ class ParamPlan:
 
 def _apply_ops(
     tensors: Sequence[Tensor],
+    plans: Sequence[ParamPlan],
     ops: Sequence[SpectralOp | None],
-    shapes: Sequence[tuple[int, int] | None],
-    max_elements: int | None,
+    batch_elements: int | None,
+    group: ProcessGroup | None,
 ) -> None:
-    """``t ← op(t)`` in place, one :func:`batched_apply_` per distinct operator."""
-    by_op: dict[SpectralOp, list[Tensor]] = {}
-    for t, op, shape in zip(tensors, ops, shapes, strict=True):
-        if op is not None and shape is not None:
-            by_op.setdefault(op, []).append(t.view(shape))
-    for op, mats in by_op.items():
-        batched_apply_(op, mats, max_elements=max_elements)
+    """``t ← op(t)`` in place on each parameter's matrix view.
+
+    Local matrices go through one :func:`batched_apply_` per distinct operator; with a
+    ``group`` their work is divided among its ranks; shards of ``DTensor`` parameters are
+    assembled into whole matrices one at a time (:mod:`spectra.optim.distributed`).
+    """
+    whole: list[tuple[SpectralOp, Tensor]] = []
+    sharded = []
+    for t, pl, op in zip(tensors, plans, ops, strict=True):
+        if op is None or pl.shape is None:
+            continue
+        if pl.shard is not None:
+            sharded.append((op, t, pl.shard, pl.shape))
+        else:
+            whole.append((op, t.view(pl.shape)))
+
+    def apply_local(items: Sequence[tuple[SpectralOp, Tensor]]) -> None:
+        by_op: dict[SpectralOp, list[Tensor]] = {}
+        for op, X in items:
+            by_op.setdefault(op, []).append(X)
+        for op, mats in by_op.items():
+            batched_apply_(op, mats, max_elements=batch_elements)
+
+    if group is None:
+        apply_local(whole)
+    else:
+        apply_replicated(whole, group, apply_local)
+    apply_sharded(sharded)
 
 
 def pre_clip(
-    grads: list[Tensor], plans: Sequence[ParamPlan], max_elements: int | None = None
+    grads: list[Tensor],
+    plans: Sequence[ParamPlan],
+    batch_elements: int | None = None,
+    group: ProcessGroup | None = None,
 ) -> list[Tensor]:
     """``g̃ = pre(g)`` for the parameters with a pre operator (copies; ``grads`` are not
     modified), ``g`` for the others."""
@@ -119,20 +151,18 @@ def pre_clip(
     out = list(grads)
     for i in idx:
         out[i] = grads[i].clone(memory_format=torch.contiguous_format)
-    _apply_ops(
-        [out[i] for i in idx],
-        [plans[i].pre for i in idx],
-        [plans[i].shape for i in idx],
-        max_elements,
-    )
+    _apply_ops(out, plans, [pl.pre for pl in plans], batch_elements, group)
     return out
 
 
 def post_operator_(
-    updates: list[Tensor], plans: Sequence[ParamPlan], max_elements: int | None = None
+    updates: list[Tensor],
+    plans: Sequence[ParamPlan],
+    batch_elements: int | None = None,
+    group: ProcessGroup | None = None,
 ) -> None:
     """``U ← post(U)`` in place for the parameters with a post operator."""
-    _apply_ops(updates, [pl.post for pl in plans], [pl.shape for pl in plans], max_elements)
+    _apply_ops(updates, plans, [pl.post for pl in plans], batch_elements, group)
 
 
 def decay_weights_(params: list[Tensor], plans: Sequence[ParamPlan]) -> None:
@@ -156,8 +186,14 @@ def add_update_(params: list[Tensor], updates: list[Tensor], plans: Sequence[Par
         torch._foreach_add_(ps, us, alpha=coef)
 
 
-def all_finite(tensors: Sequence[Tensor]) -> bool:
-    """Whether every entry is finite; one host synchronisation per device."""
+def all_finite(tensors: Sequence[Tensor], group: ProcessGroup | None = None) -> bool:
+    """Whether every entry is finite; one host synchronisation per device.
+
+    With a ``group`` (tensors that are shards of a whole), the ranks' verdicts are combined,
+    so that every rank takes the same branch.
+    """
+    if group is not None:
+        return all_agree_finite(all_finite(tensors), tensors, group)
     by_device: dict[torch.device, list[Tensor]] = {}
     for t in tensors:
         if t.is_sparse:
@@ -200,6 +236,7 @@ def spectra_step(
     *,
     chunk_elements: int | None = None,
     batch_elements: int | None = None,
+    group: ProcessGroup | None = None,
 ) -> bool:
     r"""One SPECTRA step: ``X ← (1 − λη)X − αη · post(direction(pre(g)))``, in place.
 
@@ -213,6 +250,10 @@ def spectra_step(
             (one parameter, if larger), bounding the direction buffers; ``None``: all at once.
         batch_elements: cap of one spectral-operator batch (see
             :func:`spectra.ops.batched_apply_`).
+        group: a process group whose ranks all hold these (replicated) parameters, as under
+            DDP: each spectral operator runs on one rank and its result is broadcast
+            (:mod:`spectra.optim.distributed`). Shards of ``DTensor`` parameters (``plans``'
+            ``shard``) are handled by their own mesh.
 
     Returns ``False`` when a direction holds inf or nan, before that chunk's parameters change
     (with ``chunk_elements=None``: before any parameter changes); the base optimizer's state
@@ -222,12 +263,19 @@ def spectra_step(
         raise ValueError(
             f"spectra_step: {len(params)} params, {len(grads)} grads and {len(plans)} plans"
         )
-    for idx in chunks([p.numel() for p in params], chunk_elements):
+    mesh_group = next(
+        (pl.shard.device_mesh.get_group() for pl in plans if pl.shard is not None), None
+    )
+    # Whole-tensor sizes, so that every rank of a sharded run cuts the same chunks.
+    sizes = [
+        (p if pl.shard is None else pl.shard).numel() for p, pl in zip(params, plans, strict=True)
+    ]
+    for idx in chunks(sizes, chunk_elements):
         ps, pls = [params[i] for i in idx], [plans[i] for i in idx]
-        updates = direction(idx, pre_clip([grads[i] for i in idx], pls, batch_elements))
-        if not all_finite(updates):
+        updates = direction(idx, pre_clip([grads[i] for i in idx], pls, batch_elements, group))
+        if not all_finite(updates, mesh_group):
             return False
-        post_operator_(updates, pls, batch_elements)
+        post_operator_(updates, pls, batch_elements, group)
         decay_weights_(ps, pls)
         add_update_(ps, updates, pls)
         del updates

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from spectra.optim.adamw import adam_direction
 from spectra.optim.base import SpectraOptimizer
+from spectra.optim.distributed import frobenius_norms
 from spectra.validate import check_number, check_pair
 
 
@@ -46,6 +47,7 @@ class MARS(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        split_work: bool = True,
         **spectra: Any,
     ) -> None:
         defaults = {
@@ -59,7 +61,12 @@ class MARS(SpectraOptimizer):
             "weight_decay_1d": weight_decay_1d,
         }
         super().__init__(
-            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+            params,
+            defaults,
+            spectra,
+            nonfinite=nonfinite,
+            batch_elements=batch_elements,
+            split_work=split_work,
         )
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -110,7 +117,7 @@ class MARS(SpectraOptimizer):
         torch._foreach_mul_(c, group["gamma"] * b1 / (1.0 - b1))
         torch._foreach_add_(c, g)
         # c ← c / max(1, ‖c‖) without a host synchronisation.
-        norms = torch._foreach_norm(c)
+        norms = frobenius_norms(c, [params[i] for i in mars])
         torch._foreach_clamp_min_(norms, 1.0)
         torch._foreach_div_(c, norms)
         torch._foreach_copy_(last, g)

@@ -33,6 +33,7 @@ from spectra.optim.chain import (
     default_scale,
     matrix_shape,
 )
+from spectra.optim.distributed import is_sharded
 from spectra.validate import check_choice, check_number
 
 CLIP_PARAMS = ("matrices", "all")
@@ -106,12 +107,13 @@ def plan(
     wd = float(group.get("weight_decay", 0.0)) if weight_decay is None else weight_decay
     if shape is None:
         return ParamPlan(lr, wd)
+    shard = p if is_sharded(p) else None
     pre = None
     c_pre = threshold(group["pre_clip_c"], group["pre_clip_schedule"], step)
     if c_pre is not None and math.isfinite(c_pre):
         pre = SpectralOp("soft_clip", c_pre, group["clip_method"])
     if not group_clips(group):
-        return ParamPlan(lr, wd, shape, pre)
+        return ParamPlan(lr, wd, shape, pre, shard=shard)
     scale = group["clip_scale"]
     scale = default_scale(shape) if scale == "auto" else float(scale)
     c = threshold(group["clip_c"], group["clip_schedule"], step)
@@ -120,7 +122,7 @@ def plan(
         post = SpectralOp(
             group["post"], None if group["post"] == "orthogonalize" else c, group["clip_method"]
         )
-    return ParamPlan(lr, wd, shape, pre, post, scale)
+    return ParamPlan(lr, wd, shape, pre, post, scale, shard)
 
 
 def clip_threshold(

@@ -27,7 +27,7 @@ class SGDM(SpectraOptimizer):
         params: parameters or param groups.
         lr, momentum, weight_decay: step size, momentum μ ∈ [0, 1), decoupled weight decay λ.
         **spectra: SPECTRA settings; see :class:`~spectra.optim.AdamW`.
-        nonfinite, batch_elements: see :class:`~spectra.optim.base.SpectraOptimizer`.
+        nonfinite, batch_elements, split_work: see :class:`~spectra.optim.base.SpectraOptimizer`.
     """
 
     def __init__(
@@ -39,11 +39,17 @@ class SGDM(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        split_work: bool = True,
         **spectra: Any,
     ) -> None:
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         super().__init__(
-            params, defaults, spectra, nonfinite=nonfinite, batch_elements=batch_elements
+            params,
+            defaults,
+            spectra,
+            nonfinite=nonfinite,
+            batch_elements=batch_elements,
+            split_work=split_work,
         )
 
     def _check_group(self, group: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from spectra.optim.base import SpectraOptimizer, Work
+from spectra.optim.distributed import is_sharded, local, shaped_like
 from spectra.optim.settings import check_spectra_settings, keep_schedules, schedules_of
 
 #: The wrapper runs the chain over chunks of ``max(largest parameter, total / CHUNKS)`` elements.
@@ -45,7 +46,8 @@ class Spectra(SpectraOptimizer):
     Args:
         base_optimizer: a constructed ``torch.optim.Optimizer``; see the module docstring for
             the assumption it must satisfy.
-        nonfinite, batch_elements: see :class:`~spectra.optim.base.SpectraOptimizer`.
+        nonfinite, batch_elements, split_work: see
+            :class:`~spectra.optim.base.SpectraOptimizer`.
         **spectra: SPECTRA settings (see :mod:`spectra.optim.settings`) used where a group does
             not set its own.
     """
@@ -56,6 +58,7 @@ class Spectra(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        split_work: bool = True,
         **spectra: Any,
     ) -> None:
         if not isinstance(base_optimizer, Optimizer):
@@ -72,6 +75,7 @@ class Spectra(SpectraOptimizer):
             spectra,
             nonfinite=nonfinite,
             batch_elements=batch_elements,
+            split_work=split_work,
         )
         # The same group dicts and the same list: schedulers and add_param_group see one truth.
         self.param_groups = base_optimizer.param_groups
@@ -84,24 +88,36 @@ class Spectra(SpectraOptimizer):
         return max(max(sizes), -(-sum(sizes) // CHUNKS))
 
     def _directions(self, work: Work, idx: list[int], grads: list[Tensor]) -> list[Tensor]:
-        """``base.step()`` on zeroed stand-ins for the weights ``idx``: each becomes ``−η·U``."""
+        """``base.step()`` on zeroed stand-ins for the weights ``idx``: each becomes ``−η·U``.
+
+        A plain parameter's ``.data`` is swapped for a zeroed buffer. A ``DTensor`` parameter
+        ignores ``.data`` assignment, so its local shard is saved, zeroed, read back after the
+        step and restored.
+        """
         where = [(group, p) for group, params in work for p in params]
         params = [where[i][1] for i in idx]
         chosen = set(map(id, params))
         groups = self.param_groups
         saved_groups = [g["params"] for g in groups]
-        saved = [(p.data, p.grad) for p in params]
-        bufs = [torch.zeros_like(p) for p in params]
+        saved_grads = [p.grad for p in params]
+        saved = [local(p).clone() if is_sharded(p) else p.data for p in params]
         try:
             for g in groups:
                 g["params"] = [p for p in g["params"] if id(p) in chosen]
-            for p, buf, grad in zip(params, bufs, grads, strict=True):
-                p.data = buf
-                p.grad = grad
+            for p, grad in zip(params, grads, strict=True):
+                if is_sharded(p):
+                    local(p).zero_()
+                else:
+                    p.data = torch.zeros_like(p)
+                p.grad = shaped_like(p, grad)
             self.base.step()
+            bufs = [local(p).clone() if is_sharded(p) else p.data for p in params]
         finally:
-            for p, (data, grad) in zip(params, saved, strict=True):
-                p.data = data
+            for p, data, grad in zip(params, saved, saved_grads, strict=True):
+                if is_sharded(p):
+                    local(p).copy_(data)
+                else:
+                    p.data = data
                 p.grad = grad
             for g, ps in zip(groups, saved_groups, strict=True):
                 g["params"] = ps

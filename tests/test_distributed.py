@@ -1,0 +1,194 @@
+"""SPECTRA under torch.distributed, with 2 gloo processes on CPU, against one process.
+
+* Replicated parameters (DDP): the spectral work is divided among the ranks, and the weights
+  equal one process's.
+* Sharded parameters (FSDP2, ``fully_shard``): uneven and empty shards; the weights equal an
+  unsharded run's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import spectra.optim as so
+from spectra.optim import chain as spectra_chain
+
+WORLD = 2
+SHAPES = [(7, 5), (7, 5), (5, 3), (9, 4), (1, 4), (5,)]  # odd rows: uneven and empty shards
+
+OPTIMIZERS = {
+    "AdamW": lambda ps, **kw: so.AdamW(ps, lr=1e-2, **kw),
+    "Signum": lambda ps, **kw: so.Signum(ps, lr=1e-2, **kw),
+    "AdEMAMix": lambda ps, **kw: so.AdEMAMix(ps, lr=1e-2, **kw),
+    "MARS": lambda ps, **kw: so.MARS(ps, lr=1e-2, **kw),
+    "SGDM": lambda ps, **kw: so.SGDM(ps, lr=5e-2, momentum=0.5, **kw),
+    "Spectra(torch AdamW)": lambda ps, **kw: so.Spectra(
+        torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), **kw
+    ),
+}
+SPECTRA_KW = {"clip_c": 0.3, "pre_clip_c": 2.0}
+STEPS = 3
+
+
+def _spawn(fn, tmp_path: Path, *args) -> None:
+    mp.spawn(_worker, args=(fn, str(tmp_path), args), nprocs=WORLD, join=True)
+
+
+def _worker(rank: int, fn, tmp: str, args) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=WORLD
+    )
+    try:
+        fn(rank, Path(tmp), *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _params(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=torch.float64).requires_grad_() for s in SHAPES]
+
+
+def _grads(step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [3 * torch.randn(s, generator=g, dtype=torch.float64) for s in SHAPES]
+
+
+def _train_plain(name: str, split_work: bool = True) -> list[torch.Tensor]:
+    ps = _params()
+    opt = OPTIMIZERS[name](ps, split_work=split_work, **SPECTRA_KW)
+    for k in range(STEPS):
+        for p, g in zip(ps, _grads(k), strict=True):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in ps]
+
+
+# --------------------------------------------------------------------------- DDP: the split
+
+
+def _replicated_worker(rank: int, tmp: Path) -> None:
+    calls: list[tuple[int, ...]] = []
+    real = spectra_chain.soft_clip
+
+    def counting(X, c, **kw):
+        calls.append(tuple(X.shape))
+        return real(X, c, **kw)
+
+    spectra_chain.soft_clip = counting
+    out = {name: _train_plain(name) for name in OPTIMIZERS}
+    spectra_chain.soft_clip = real
+    torch.save({"params": out, "calls": calls}, tmp / f"replicated_{rank}.pt")
+
+
+def test_ddp_split_divides_the_spectral_work_and_equals_one_process(tmp_path):
+    _spawn(_replicated_worker, tmp_path)
+    ranks = [torch.load(tmp_path / f"replicated_{r}.pt") for r in range(WORLD)]
+    for name in OPTIMIZERS:
+        reference = _train_plain(name)
+        for rank in ranks:
+            for a, b in zip(rank["params"][name], reference, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # Every clipped matrix was clipped on exactly one rank: the matrices with a pre and a post
+    # operator (5 of the 6 tensors) per step and optimizer, split between the two ranks.
+    # (The constructor's probe of clip_method acts on a 2×2 identity; it is not counted.)
+    per_rank = [sum(c[0] for c in rank["calls"] if c[1:] != (2, 2)) for rank in ranks]
+    assert sum(per_rank) == 2 * 5 * STEPS * len(OPTIMIZERS)
+    assert all(n > 0 for n in per_rank)
+
+
+def _unreplicated_worker(rank: int, tmp: Path) -> None:
+    ps = _params(seed=rank)  # a different model on each rank
+    opt = so.AdamW(ps)
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    try:
+        opt.step()
+    except ValueError as exc:
+        (tmp / f"error_{rank}.txt").write_text(str(exc))
+
+
+def test_split_refuses_parameters_that_differ_across_ranks(tmp_path):
+    _spawn(_unreplicated_worker, tmp_path)
+    for r in range(WORLD):
+        assert "split_work=False" in (tmp_path / f"error_{r}.txt").read_text()
+
+
+def test_owners_are_balanced_by_cost_not_count():
+    shapes = [(100, 100)] + [(10, 10)] * 10
+    owners = so.distributed.assign_owners(shapes, 2)
+    assert owners[0] == 0 and set(owners[1:]) == {1}
+
+
+# --------------------------------------------------------------------------- FSDP2
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        # 7 and 9 rows are uneven over 2 ranks; the 1-row matrix leaves rank 1 an empty shard.
+        self.a = nn.Linear(5, 7, bias=False, dtype=torch.float64)
+        self.b = nn.Linear(7, 9, bias=True, dtype=torch.float64)
+        self.c = nn.Linear(9, 1, bias=False, dtype=torch.float64)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def _net_run(name: str, sharded: bool) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    net = Net()
+    if sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (WORLD,))
+        for m in (net.a, net.b, net.c):
+            fully_shard(m, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+    opt = OPTIMIZERS[name](list(net.parameters()), **SPECTRA_KW)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        x = torch.randn(16, 5, generator=g, dtype=torch.float64)  # the same batch on every rank
+        loss = 1e3 * net(x).square().mean()  # large gradients: the clips act
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    out = {}
+    for key, value in net.state_dict().items():
+        out[key] = value.full_tensor() if hasattr(value, "full_tensor") else value
+    return {k: v.detach().clone() for k, v in out.items()}
+
+
+def _fsdp_worker(rank: int, tmp: Path) -> None:
+    out = {name: _net_run(name, sharded=True) for name in OPTIMIZERS}
+    torch.save(out, tmp / f"fsdp_{rank}.pt")
+
+
+def test_fsdp2_sharded_parameters_equal_the_unsharded_run(tmp_path):
+    _spawn(_fsdp_worker, tmp_path)
+    for r in range(WORLD):
+        got = torch.load(tmp_path / f"fsdp_{r}.pt")
+        for name in OPTIMIZERS:
+            ref = _net_run(name, sharded=False)
+            for key, value in ref.items():
+                torch.testing.assert_close(got[name][key], value, rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_env(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    yield
+    assert not dist.is_initialized()
+
+
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
