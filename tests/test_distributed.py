@@ -33,6 +33,11 @@ OPTIMIZERS = {
         torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), **kw
     ),
 }
+#: The baselines have their own steps (no SPECTRA chain); under FSDP2 they see whole matrices.
+BASELINES = {
+    "DMuon": lambda ps: so.DMuon(ps, lr=1e-2),
+    "SOAP": lambda ps: so.SOAP(ps, lr=1e-2, precondition_frequency=2),
+}
 SPECTRA_KW = {"clip_c": 0.3, "pre_clip_c": 2.0}
 STEPS = 3
 
@@ -43,9 +48,7 @@ def _spawn(fn, tmp_path: Path, *args) -> None:
 
 def _worker(rank: int, fn, tmp: str, args) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=WORLD
-    )
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=WORLD)
     try:
         fn(rank, Path(tmp), *args)
     finally:
@@ -154,7 +157,8 @@ def _net_run(name: str, sharded: bool) -> dict[str, torch.Tensor]:
         for m in (net.a, net.b, net.c):
             fully_shard(m, mesh=mesh)
         fully_shard(net, mesh=mesh)
-    opt = OPTIMIZERS[name](list(net.parameters()), **SPECTRA_KW)
+    params = list(net.parameters())
+    opt = BASELINES[name](params) if name in BASELINES else OPTIMIZERS[name](params, **SPECTRA_KW)
     g = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         x = torch.randn(16, 5, generator=g, dtype=torch.float64)  # the same batch on every rank
@@ -169,7 +173,7 @@ def _net_run(name: str, sharded: bool) -> dict[str, torch.Tensor]:
 
 
 def _fsdp_worker(rank: int, tmp: Path) -> None:
-    out = {name: _net_run(name, sharded=True) for name in OPTIMIZERS}
+    out = {name: _net_run(name, sharded=True) for name in [*OPTIMIZERS, *BASELINES]}
     torch.save(out, tmp / f"fsdp_{rank}.pt")
 
 
@@ -177,7 +181,7 @@ def test_fsdp2_sharded_parameters_equal_the_unsharded_run(tmp_path):
     _spawn(_fsdp_worker, tmp_path)
     for r in range(WORLD):
         got = torch.load(tmp_path / f"fsdp_{r}.pt")
-        for name in OPTIMIZERS:
+        for name in [*OPTIMIZERS, *BASELINES]:
             ref = _net_run(name, sharded=False)
             for key, value in ref.items():
                 torch.testing.assert_close(got[name][key], value, rtol=1e-10, atol=1e-12)
@@ -192,3 +196,48 @@ def _no_stray_env(monkeypatch):
 
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def test_bench_dist_times_split_and_unsplit_steps_and_models_the_volume(tmp_path, capsys):
+    import argparse
+    import json
+
+    from spectra_lab.bench import dist as bench
+
+    clipped, total = bench.clipped_and_total("tiny", 100)
+    v = bench.volume_model(clipped, total, 4, bytes_per=4)
+    assert v["ddp_allreduce"] == pytest.approx(2 * 0.75 * total * 4)
+    assert v["ddp_split"] == pytest.approx(0.75 * clipped * 4)
+    assert v["fsdp2_spectral"] == clipped * 4
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "dist.json"
+    args = parser.parse_args(
+        [
+            "--preset",
+            "tiny",
+            "--vocab",
+            "100",
+            "--procs",
+            "1",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+            "--volume",
+            "tiny",
+            "--json",
+            str(out),
+        ]
+    )
+    assert bench.run(args) == 0
+    report = json.loads(out.read_text())
+    assert [r["procs"] for r in report["timing"]] == [1, 2]
+    assert all(r["split"] > 0 and r["unsplit"] > 0 for r in report["timing"])
+    assert "split (s)" in capsys.readouterr().out

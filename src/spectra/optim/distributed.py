@@ -18,7 +18,8 @@ Owners are computed from shapes alone, so every rank agrees without communicatin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,27 @@ def shaped_like(p: Tensor, t: Tensor) -> Tensor:
     from torch.distributed.tensor import DTensor
 
     return DTensor.from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+
+
+@contextlib.contextmanager
+def whole_parameter(p: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(weights, gradient)`` of ``p`` as whole plain tensors, for an update that needs them.
+
+    For a ``DTensor`` parameter both are all-gathered; every rank then computes the same update
+    on the whole tensor, and on exit keeps its own shard of the result (sliced locally, with no
+    communication). For a plain parameter they are ``p`` and ``p.grad`` themselves.
+    """
+    if not is_sharded(p):
+        yield p, p.grad
+        return
+    from torch.distributed.tensor import distribute_tensor
+
+    check_layout(p)
+    full = p.full_tensor()
+    yield full, p.grad.full_tensor()
+    local(p).copy_(
+        distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    )
 
 
 def check_layout(p: Tensor) -> None:

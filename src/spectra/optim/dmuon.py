@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 
 from spectra.ops import newton_schulz_quintic
 from spectra.ops.spectral import MUON_NS_COEFFS
+from spectra.optim.distributed import whole_parameter
 from spectra.validate import check_int, check_number, check_pair
 
 # Dimensions at or above this go to AdamW under the default rule: the embedding and the
@@ -248,35 +249,37 @@ class DMuon(Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError("DMuon does not support sparse gradients")
                 state = self.state[p]
-                if self._uses_muon(group, p):
-                    if not state:
-                        state["momentum_buffer"] = torch.zeros_like(p)
-                    muon_update(
-                        p,
-                        p.grad,
-                        state["momentum_buffer"],
-                        lr=group["lr"],
-                        weight_decay=group["weight_decay"],
-                        momentum=group["momentum"],
-                        nesterov=group["nesterov"],
-                        ns_steps=group["ns_steps"],
-                    )
-                else:
-                    if not state:
-                        state["step"] = 0
-                        state["exp_avg"] = torch.zeros_like(p)
-                        state["exp_avg_sq"] = torch.zeros_like(p)
-                    state["step"] += 1
-                    adamw_update(
-                        p,
-                        p.grad,
-                        state["exp_avg"],
-                        state["exp_avg_sq"],
-                        state["step"],
-                        lr=group["lr"],
-                        weight_decay=group["weight_decay"],
-                        beta1=beta1,
-                        beta2=beta2,
-                        eps=group["adamw_eps"],
-                    )
+                # Under FSDP2 the update acts on the whole matrix (and the state is whole).
+                with whole_parameter(p) as (w, g):
+                    if self._uses_muon(group, p):
+                        if not state:
+                            state["momentum_buffer"] = torch.zeros_like(w)
+                        muon_update(
+                            w,
+                            g,
+                            state["momentum_buffer"],
+                            lr=group["lr"],
+                            weight_decay=group["weight_decay"],
+                            momentum=group["momentum"],
+                            nesterov=group["nesterov"],
+                            ns_steps=group["ns_steps"],
+                        )
+                    else:
+                        if not state:
+                            state["step"] = 0
+                            state["exp_avg"] = torch.zeros_like(w)
+                            state["exp_avg_sq"] = torch.zeros_like(w)
+                        state["step"] += 1
+                        adamw_update(
+                            w,
+                            g,
+                            state["exp_avg"],
+                            state["exp_avg_sq"],
+                            state["step"],
+                            lr=group["lr"],
+                            weight_decay=group["weight_decay"],
+                            beta1=beta1,
+                            beta2=beta2,
+                            eps=group["adamw_eps"],
+                        )
         return loss

@@ -50,6 +50,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from spectra.ops._common import compute_dtype
+from spectra.optim.distributed import whole_parameter
 from spectra.validate import check_int, check_number, check_pair
 
 
@@ -182,8 +183,14 @@ class SOAP(Optimizer):
             return [False]
         return [d <= group["max_precond_dim"] for d in p.shape]
 
-    def _init_state(self, p: Tensor, g: Tensor, group: dict[str, Any], shampoo_beta: float):
-        state = self.state[p]
+    def _init_state(
+        self,
+        state: dict[str, Any],
+        p: Tensor,
+        g: Tensor,
+        group: dict[str, Any],
+        shampoo_beta: float,
+    ) -> None:
         state["step"] = 0
         state["exp_avg"] = torch.zeros_like(p)
         state["exp_avg_sq"] = torch.zeros_like(p)
@@ -199,14 +206,18 @@ class SOAP(Optimizer):
         state["GG"] = gg
         state["Q"] = qs
 
-    def _update(self, p: Tensor, group: dict[str, Any], shampoo_beta: float) -> None:
+    def _update(
+        self, p: Tensor, w: Tensor, grad: Tensor, group: dict[str, Any], shampoo_beta: float
+    ) -> None:
+        """One SOAP step of the weights ``w`` (``p`` itself, or its whole tensor under FSDP2),
+        with the state of ``p``."""
         beta1, beta2 = group["betas"]
-        wd = compute_dtype(p)
-        g = p.grad.to(wd)
+        wd = compute_dtype(w)
+        g = grad.to(wd)
         state = self.state[p]
         first = not state
         if first:
-            self._init_state(p, g, group, shampoo_beta)
+            self._init_state(state, w, g, group, shampoo_beta)
         state["step"] += 1
         t = state["step"]
         Q = [q.to(wd) if q is not None else None for q in state["Q"]]
@@ -220,8 +231,8 @@ class SOAP(Optimizer):
         exp_avg_sq.addcmul_(g_rot, g_rot, value=1 - beta2)
         direction = rotate_back(exp_avg / (exp_avg_sq.sqrt() + group["eps"]), step_basis)
         step_size = group["lr"] * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(direction.to(p.dtype), alpha=-step_size)
+        w.mul_(1 - group["lr"] * group["weight_decay"])
+        w.add_(direction.to(w.dtype), alpha=-step_size)
 
         if first:
             # Move the moments into the basis built from this gradient: M rotates
@@ -236,7 +247,7 @@ class SOAP(Optimizer):
         if t % group["precondition_frequency"] == 0:
             Q_new, exp_avg_sq = _power_iteration(state["GG"], Q, exp_avg_sq)
             exp_avg = rotate(rotate_back(exp_avg, Q), Q_new)
-            state["Q"] = [q.to(p.dtype) if q is not None else None for q in Q_new]
+            state["Q"] = [q.to(w.dtype) if q is not None else None for q in Q_new]
         state["exp_avg"].copy_(exp_avg)
         state["exp_avg_sq"].copy_(exp_avg_sq)
 
@@ -256,5 +267,6 @@ class SOAP(Optimizer):
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("SOAP does not support sparse gradients")
-                self._update(p, group, shampoo_beta)
+                with whole_parameter(p) as (w, g):  # under FSDP2: the whole matrix
+                    self._update(p, w, g, group, shampoo_beta)
         return loss

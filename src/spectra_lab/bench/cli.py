@@ -13,6 +13,7 @@ import importlib
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "ops": ("spectra_lab.bench.ops", "time and accuracy of the spectral operators"),
     "optim": ("spectra_lab.bench.optim", "time and memory per step of the optimizers"),
+    "dist": ("spectra_lab.bench.dist", "the spectral work divided among DDP ranks"),
 }
 
 

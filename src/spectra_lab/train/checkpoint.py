@@ -6,6 +6,17 @@ scalars (format, step, tokens, world size, config). Every component has ``state_
 and ``load_state_dict()``; the ones whose state differs between ranks are wrapped in
 :class:`PerRank`, which gathers every rank's state into one list.
 
+Two layouts, one per kind of run:
+
+* ``ckpt/step_NNNNNNN.pt``, one file (single process and DDP): rank 0 writes every component.
+* ``ckpt/step_NNNNNNN/``, a directory (FSDP2): the sharded components (:class:`ShardedModel`,
+  :class:`ShardedOptimizer`) go through ``torch.distributed.checkpoint`` (DCP), every rank
+  writing its own shards, and the others, with the scalars, go to one small file,
+  :data:`TRAINER_FILE`, in the same directory. Everything is written into
+  ``step_NNNNNNN.tmp-<tag>/``; when every rank is done, rank 0 renames it (an atomic rename):
+  a directory named ``step_NNNNNNN`` is always complete, and the listing ignores any other
+  (leftovers of a killed save are deleted by the next one).
+
 On disk, a checkpoint file is the ``torch.save`` payload followed by a 48-byte footer::
 
     payload | MAGIC (8 bytes) | payload length (8 bytes, little endian) | sha256(payload)
@@ -24,23 +35,37 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import random
 import re
+import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from spectra_lab.errors import UserError
 from spectra_lab.files import atomic_write
+
+if TYPE_CHECKING:
+    from spectra_lab.train.runtime import Runtime
 
 MAGIC = b"SPCKPT01"
 #: layout of the checkpoint dict; 2: one entry per component
 FORMAT = 2
 _FOOTER = len(MAGIC) + 8 + 32
-_NAME = re.compile(r"^step_(\d+)\.pt$")
+#: a file checkpoint ``step_NNNNNNN.pt`` or a directory checkpoint ``step_NNNNNNN``
+_NAME = re.compile(r"^step_(\d+)(\.pt)?$")
+#: a directory checkpoint being written (or left by a killed save, or being deleted)
+_PARTIAL = re.compile(r"^step_\d+\.tmp-")
+#: the trainer's file in a directory checkpoint: the scalars and the components DCP does not hold
+TRAINER_FILE = "trainer.pt"
+#: DCP's index of a checkpoint, written by its coordinator after every rank's shards
+DCP_METADATA = ".metadata"
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -128,6 +153,61 @@ class PerRank:
         self.component.load_state_dict(state["ranks"][self.rank])
 
 
+class ShardedModel:
+    """The model of an FSDP2 run as a DCP component: each rank's shards, keyed by name.
+
+    Its state is ``get_model_state_dict(model)`` (``DTensor`` values), which DCP saves and
+    loads shard by shard; DCP also reshards it, and :func:`load_model_weights` reads it whole.
+    """
+
+    sharded = True
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, state)
+
+
+class ShardedOptimizer:
+    """The optimizer of an FSDP2 run as a DCP component.
+
+    Its state is ``get_optimizer_state_dict(model, optimizer)``: the optimizer's own
+    ``state_dict()`` keyed by parameter name instead of index (spectra's optimizers save their
+    clip schedules as text, and keep the built ones when loading). Loading calls
+    ``set_optimizer_state_dict``, which first initialises an empty optimizer state with one
+    step of zero gradients at lr 0 (a no-op on the weights), then loads.
+    """
+
+    sharded = True
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state)
+
+
+def _sharded(components: dict[str, Stateful]) -> dict[str, Stateful]:
+    """The components that DCP holds: those marked ``sharded``."""
+    return {name: c for name, c in components.items() if getattr(c, "sharded", False)}
+
+
 # ---------------------------------------------------------------------------------------
 # components <-> checkpoint files
 
@@ -145,10 +225,59 @@ def save_components(
         save_checkpoint(path, {"format": FORMAT, **scalars, **state})
 
 
+def save_sharded_components(
+    path: str | Path, components: dict[str, Stateful], scalars: dict[str, Any], rt: Runtime
+) -> None:
+    """Save the directory checkpoint ``path`` (``.../step_NNNNNNN``); every rank calls it.
+
+    The sharded components go through ``dcp.save`` (each rank writes its shards; DCP's
+    coordinator writes :data:`DCP_METADATA` once all are written), the others and ``scalars``
+    to :data:`TRAINER_FILE` (rank 0, with the footer), all into ``<path>.tmp-<tag>/``. After a
+    barrier rank 0 renames that directory to ``path`` and deletes leftovers of earlier saves.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp-{rt.broadcast(secrets.token_hex(4))}")
+    sharded = _sharded(components)
+    state = {name: c.state_dict() for name, c in components.items() if name not in sharded}
+    dcp.save(sharded, checkpoint_id=tmp)
+    if rt.is_main:
+        trainer = {"format": FORMAT, "sharded": list(sharded), **scalars, **state}
+        save_checkpoint(tmp / TRAINER_FILE, trainer)
+    rt.barrier()  # every rank's shards are on disk
+    if rt.is_main:
+        if path.exists():  # an earlier save of this step (of a run resumed from before it)
+            delete_checkpoint(path)
+        os.rename(tmp, path)
+        _fsync_dir(path.parent)
+        for p in path.parent.iterdir():  # killed saves and deletions
+            if _PARTIAL.match(p.name):
+                shutil.rmtree(p, ignore_errors=True)
+    rt.barrier()
+
+
 def load_components(
     path: str | Path, components: dict[str, Stateful], world_size: int
 ) -> dict[str, Any]:
-    """Load every component from the checkpoint at ``path``, in order; return the checkpoint."""
+    """Load every component from the checkpoint at ``path``, in order; return the checkpoint.
+
+    A file checkpoint holds every component; a directory checkpoint holds the sharded ones
+    (loaded first, through DCP: every rank calls this) and its :data:`TRAINER_FILE` the rest.
+    """
+    path = Path(path)
+    sharded = _sharded(components)
+    directory = path.is_dir()
+    if directory and not sharded:
+        raise CheckpointError(
+            f"checkpoint {path} is a sharded (DCP) directory of a parallel=fsdp2 run; "
+            "resume it with parallel=fsdp2"
+        )
+    if sharded and not directory:
+        raise CheckpointError(
+            f"checkpoint {path} is a single file of a run without FSDP2; "
+            "resume it with parallel=ddp"
+        )
     state = load_checkpoint(path, map_location="cpu")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: unknown format {state.get('format')!r}")
@@ -157,9 +286,41 @@ def load_components(
             f"checkpoint {path} was written by {state['world_size']} processes; "
             f"resume with the same number (got {world_size})"
         )
+    if sharded:
+        if sorted(state.get("sharded", ())) != sorted(sharded):
+            raise CheckpointError(
+                f"checkpoint {path} holds the sharded components {state.get('sharded')}, "
+                f"not {list(sharded)}"
+            )
+        _dcp_load(path, sharded)
     for name, component in components.items():
-        component.load_state_dict(state[name])
+        if name not in sharded:
+            component.load_state_dict(state[name])
     return state
+
+
+def load_model_weights(path: str | Path, model: nn.Module) -> None:
+    """The weights of checkpoint ``path`` (a file or a DCP directory) into a plain ``model``.
+
+    One process, no process group: the shards of a directory checkpoint are read whole.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        model.load_state_dict(load_checkpoint(path, map_location="cpu")["model"])
+        return
+    weights = model.state_dict()
+    _dcp_load(path, {"model": weights}, no_dist=True)  # fills ``weights`` in place
+    model.load_state_dict(weights)
+
+
+def _dcp_load(path: Path, state: dict[str, Any], no_dist: bool = False) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.load(state, checkpoint_id=path, no_dist=no_dist)
+    except (dcp.CheckpointException, OSError, RuntimeError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path}: cannot read its sharded state: {first}") from exc
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,8 +337,16 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint`, verifying length and checksum."""
+    """Read a checkpoint written by :func:`save_checkpoint`, verifying length and checksum.
+
+    For a directory checkpoint: its :data:`TRAINER_FILE` (everything but the sharded
+    components).
+    """
     path = Path(path)
+    if path.is_dir():
+        if not is_complete(path):
+            raise CheckpointError(f"checkpoint {path} is incomplete (no {TRAINER_FILE} or DCP index)")
+        path = path / TRAINER_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     data = path.read_bytes()
@@ -197,19 +366,30 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
 
 
-def checkpoint_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "ckpt" / f"step_{step:07d}.pt"
+def checkpoint_path(run_dir: str | Path, step: int, sharded: bool = False) -> Path:
+    """``ckpt/step_NNNNNNN.pt``, or the directory ``ckpt/step_NNNNNNN`` with ``sharded``."""
+    name = f"step_{step:07d}"
+    return Path(run_dir) / "ckpt" / (name if sharded else f"{name}.pt")
+
+
+def is_complete(path: Path) -> bool:
+    """Whether a directory checkpoint holds its trainer file and DCP's index."""
+    return (path / TRAINER_FILE).is_file() and (path / DCP_METADATA).is_file()
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every checkpoint in ``run_dir/ckpt``, oldest first."""
+    """``(step, path)`` of every complete checkpoint in ``run_dir/ckpt``, oldest first.
+
+    Files ``step_NNNNNNN.pt`` and complete directories ``step_NNNNNNN``; temporary
+    directories of a save in progress (or killed) are not checkpoints.
+    """
     folder = Path(run_dir) / "ckpt"
     if not folder.is_dir():
         return []
     found = []
     for p in folder.iterdir():
         m = _NAME.match(p.name)
-        if m:
+        if m and (p.is_file() if m.group(2) else p.is_dir() and is_complete(p)):
             found.append((int(m.group(1)), p))
     return sorted(found)
 
@@ -220,8 +400,12 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or the latest checkpoint of a run directory."""
+    """A checkpoint (file or directory), or the latest checkpoint of a run directory."""
     path = Path(path)
+    if path.is_dir() and _NAME.match(path.name):
+        if not is_complete(path):
+            raise CheckpointError(f"checkpoint {path} is incomplete (no {TRAINER_FILE} or DCP index)")
+        return path
     if path.is_dir():
         latest = latest_checkpoint(path)
         if latest is None:
@@ -237,4 +421,29 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
     if keep <= 0:
         return
     for _, p in list_checkpoints(run_dir)[:-keep]:
-        p.unlink(missing_ok=True)
+        delete_checkpoint(p)
+
+
+def delete_checkpoint(path: Path) -> None:
+    """Delete a checkpoint file, or a directory: renamed out of the listing first, so that a
+    deletion cut short never leaves a directory that looks complete."""
+    if not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    doomed = path.with_name(f"{path.name}.tmp-deleting-{secrets.token_hex(4)}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (where the platform allows opening a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

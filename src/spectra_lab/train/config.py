@@ -36,6 +36,8 @@ SCHEDULES = ("wsd", "cosine", "constant")
 CLIP_SCHEDULES = ("standard", "constant")
 PRE_CLIP_SCHEDULES = ("constant", "cosine")
 AUTOCAST_MODES = ("auto", "bf16", "none")
+#: how several processes share the model: replicated (DDP) or sharded (FSDP2)
+PARALLEL_MODES = ("ddp", "fsdp2")
 #: ``warmup_steps = None`` warms up for this fraction of ``steps``.
 WARMUP_FRACTION = 0.1
 
@@ -113,6 +115,8 @@ class TrainConfig:
     autocast: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | none
     compile: bool = False
     sync_timing: bool = True  # synchronize CUDA around timed phases
+    # several processes (torchrun): "ddp" replicates the model, "fsdp2" shards it
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -207,6 +211,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "keep_checkpoints": _count,
     "device": _device,
     "autocast": partial(check_choice, choices=AUTOCAST_MODES),
+    "parallel": partial(check_choice, choices=PARALLEL_MODES),
 }
 
 

@@ -2,7 +2,8 @@
 
 Under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) :func:`build_runtime` starts
 the process group (gloo on CPU, NCCL on CUDA); in a single process every collective of
-:class:`Runtime` is a no-op.
+:class:`Runtime` is a no-op. ``parallel="fsdp2"`` in a single process starts a process group
+of one (an in-memory store, no rendezvous), since FSDP2 and its checkpoints need one.
 """
 
 from __future__ import annotations
@@ -91,8 +92,11 @@ def build_runtime(cfg: TrainConfig) -> Runtime:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    backend = "nccl" if kind == "cuda" else "gloo"
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
+        dist.init_process_group(backend=backend)
+    elif cfg.parallel == "fsdp2" and not dist.is_initialized():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     bf16 = cfg.autocast == "bf16" or (
         cfg.autocast == "auto" and kind == "cuda" and torch.cuda.is_bf16_supported()
     )

@@ -18,8 +18,10 @@ data-sampler position, RNG states); see ``checkpoint.py``. The run directory's o
 files are written by ``metrics.RunLog``.
 
 Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) the model is wrapped in DDP (gloo on
-CPU, NCCL on CUDA; see ``runtime.py``); every rank draws its own slice of each global
-batch, and only rank 0 writes files.
+CPU, NCCL on CUDA; see ``runtime.py``), or with ``parallel="fsdp2"`` sharded in place by
+FSDP2 (``fully_shard`` on each block, then on the whole model); every rank draws its own
+slice of each global batch, and only rank 0 writes files (FSDP2 checkpoints: every rank
+writes its shards through ``torch.distributed.checkpoint``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from spectra import cosine_schedule, wsd_schedule
 from spectra_lab.train.checkpoint import (
@@ -44,12 +48,16 @@ from spectra_lab.train.checkpoint import (
     LRSchedule,
     PerRank,
     RNGState,
+    ShardedModel,
+    ShardedOptimizer,
     checkpoint_path,
+    delete_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_components,
     prune_checkpoints,
     save_components,
+    save_sharded_components,
 )
 from spectra_lab.train.config import ConfigError, TrainConfig
 from spectra_lab.train.metrics import RunLog, perplexity
@@ -98,13 +106,16 @@ def _train(
     meta = json.loads((dataset_dir / "meta.json").read_text())
     model, model_cfg = build_model(cfg, int(meta["vocab_size"]))
     model.to(rt.device)
+    # Before the optimizer: FSDP2 replaces the parameters by sharded ones.
+    forward = wrap_model(model, cfg, rt)
     torch.manual_seed(cfg.seed + rt.rank)
     sampler, val = build_data(cfg, rt, dataset_dir, model_cfg.seq_len)
     optimizer = build_optimizer(model, cfg, lr_lambda)
     scheduler = LRSchedule(optimizer, lr_lambda)
+    sharded = cfg.parallel == "fsdp2"  # model and optimizer saved shard by shard (DCP)
     components = {
-        "model": model,
-        "optimizer": optimizer,
+        "model": ShardedModel(model) if sharded else model,
+        "optimizer": ShardedOptimizer(model, optimizer) if sharded else optimizer,
         "lr_scheduler": scheduler,
         "sampler": PerRank(sampler, rt.rank, rt.gather),
         "rng": PerRank(RNGState(rt.device), rt.rank, rt.gather),
@@ -112,7 +123,6 @@ def _train(
     run_dir = Path(cfg.out_dir)
     start, tokens = start_or_resume(run_dir, cfg, rt, components)
 
-    forward = wrap_model(model, cfg, rt)
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len * rt.world_size
@@ -159,7 +169,7 @@ def _train(
                 "loss": loss,
                 "lr": lr,
                 "clip_c": clip_c,
-                "grad_norm": grad_norm.item(),
+                "grad_norm": full(grad_norm).item(),
                 **timer.times,
                 "tokens_per_s": tokens_per_step / timer.times["t_step"],
             }
@@ -253,7 +263,23 @@ def build_lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
 
 
 def wrap_model(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
-    """The module the loop calls: ``model``, compiled if asked, in DDP when distributed."""
+    """The module the loop calls: ``model``, compiled if asked, in DDP when distributed.
+
+    With ``parallel="fsdp2"``: ``model`` itself, sharded in place over a 1-D mesh of all
+    ranks by ``fully_shard`` on each block, then on the root (torchtitan's layout: a block's
+    weights are gathered for its forward and backward only); ``compile`` compiles each block.
+    """
+    if cfg.parallel == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+        for block in model.layers:
+            if cfg.compile:
+                block.compile()
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
     forward = torch.compile(model) if cfg.compile else model
     if rt.distributed:
         device_ids = [rt.device.index] if rt.device.type == "cuda" else None
@@ -284,7 +310,7 @@ def start_or_resume(
         )
     elif existing and rt.is_main:
         for _, path in existing:
-            path.unlink(missing_ok=True)
+            delete_checkpoint(path)
     rt.barrier()  # nobody reads a checkpoint that rank 0 is deleting
     return start, tokens
 
@@ -292,9 +318,16 @@ def start_or_resume(
 def save_checkpoint(
     run_dir: Path, cfg: TrainConfig, rt: Runtime, components: dict[str, Any], scalars: dict
 ) -> None:
-    """Every rank: checkpoint the components at ``scalars["step"]``; rank 0 writes, prunes."""
-    path = checkpoint_path(run_dir, scalars["step"])
-    save_components(path, components, scalars, write=rt.is_main)
+    """Every rank: checkpoint the components at ``scalars["step"]``; rank 0 writes, prunes.
+
+    FSDP2: a directory, every rank writing its shards (see ``checkpoint.py``).
+    """
+    sharded = cfg.parallel == "fsdp2"
+    path = checkpoint_path(run_dir, scalars["step"], sharded=sharded)
+    if sharded:
+        save_sharded_components(path, components, scalars, rt)
+    else:
+        save_components(path, components, scalars, write=rt.is_main)
     if rt.is_main:
         prune_checkpoints(run_dir, cfg.keep_checkpoints)
     rt.barrier()
@@ -333,9 +366,7 @@ def forward_backward(
     for micro in range(cfg.grad_accum):
         with timer("data"):
             x, y = (t.to(rt.device, non_blocking=True) for t in sampler.next_batch())
-        # DDP all-reduces the gradients on the last micro-batch only.
-        all_reduce = not rt.distributed or micro == cfg.grad_accum - 1
-        with contextlib.nullcontext() if all_reduce else forward.no_sync():
+        with gradient_sync(forward, last=micro == cfg.grad_accum - 1):
             with timer("forward"), rt.autocast():
                 _, loss = forward(x, y)
             with timer("backward"):
@@ -344,18 +375,41 @@ def forward_backward(
     return loss_sum / cfg.grad_accum
 
 
+def gradient_sync(forward: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """Gradients are reduced across ranks on the last micro-batch only.
+
+    DDP: ``no_sync()`` around the others. FSDP2: ``set_requires_gradient_sync(last)``; the
+    unsharded gradients accumulate locally until the last micro-batch reduce-scatters them.
+    """
+    if isinstance(forward, FSDPModule):
+        forward.set_requires_gradient_sync(last)
+    elif isinstance(forward, nn.parallel.DistributedDataParallel) and not last:
+        return forward.no_sync()
+    return contextlib.nullcontext()
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole: a ``DTensor`` (FSDP2's gradient norm) gathered, any other tensor as is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, val: Any, cfg: TrainConfig, rt: Runtime) -> float:
     """Mean token loss over the fixed validation batches, split across ranks.
 
-    Batches are weighted by their number of sequences (the last may be smaller).
+    Batches are weighted by their number of sequences (the last may be smaller). A sharded
+    (FSDP2) model gathers its weights inside each forward, a collective: a rank with one
+    batch fewer than the others runs one more forward, whose loss is not counted.
     """
     from spectra_lab.data import iter_eval_batches
 
     batch = cfg.eval_batch_size or cfg.batch_size
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=rt.device)
-    for i, (x, y) in enumerate(iter_eval_batches(val, batch, max_batches=cfg.eval_batches or None)):
+    batches = iter_eval_batches(val, batch, max_batches=cfg.eval_batches or None)
+    count = mine = 0
+    for i, (x, y) in enumerate(batches):
+        count += 1
         if i % rt.world_size != rt.rank:
             continue
         x, y = x.to(rt.device), y.to(rt.device)
@@ -363,6 +417,10 @@ def evaluate(model: nn.Module, val: Any, cfg: TrainConfig, rt: Runtime) -> float
             _, loss = model(x, y)
         total[0] += loss.double() * x.shape[0]
         total[1] += x.shape[0]
+        mine += 1
+    if isinstance(model, FSDPModule) and mine < -(-count // rt.world_size):
+        with rt.autocast():
+            model(x.to(rt.device))
     total = rt.mean(total)  # the ratio of the sums is the ratio of the means
     model.train()
     if total[1] == 0:
