@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_choice", "check_int", "check_number", "check_pair"]
+__all__ = ["check_choice", "check_int", "check_number", "check_pair", "check_real_params"]
 
 
 def _scalar(value: Any) -> Any:
@@ -102,3 +102,18 @@ def check_pair(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) ->
         check_number(f"{name}[{i}]", b, low=low, high=high, high_open=True)
         for i, b in enumerate(value)
     )
+
+
+def check_real_params(params: Any, owner: str) -> None:
+    """Refuse complex parameters (``params``: a param group's list of tensors).
+
+    Spectral clipping is defined for complex matrices through their singular values, but the
+    operators here work on real Gram matrices and the base directions on real moments.
+    """
+    for i, p in enumerate(params):
+        if isinstance(p, torch.Tensor) and p.is_complex():
+            raise ValueError(
+                f"{owner} takes real parameters; parameter {i} of its group is {p.dtype} with "
+                f"shape {tuple(p.shape)} (view a complex parameter as real with "
+                "torch.view_as_real to train it)"
+            )

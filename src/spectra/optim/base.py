@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from spectra.optim.chain import ParamPlan, all_finite, spectra_step
+from spectra.optim.chain import ParamPlan, all_finite, matrix_shape, spectra_step
 from spectra.optim.distributed import (
     check_layout,
     check_replicated,
@@ -50,12 +50,19 @@ from spectra.optim.settings import (
     plan,
     schedules_of,
 )
-from spectra.validate import check_choice, check_int
+from spectra.validate import check_choice, check_int, check_real_params
 
 NONFINITE_POLICIES = ("raise", "skip")
+#: Keys torch.optim.Optimizer.__setstate__ adds to ``defaults`` for its own optimizers.
+TORCH_BOOKKEEPING = ("differentiable",)
 
 #: ``[(group, params with a gradient)]`` for one step.
 Work = list[tuple[dict[str, Any], list[Tensor]]]
+
+
+def step_counter(value: float = 0.0) -> Tensor:
+    """A step count as torch's optimizers keep it: a float32 0-d tensor on the CPU."""
+    return torch.tensor(float(value), dtype=torch.float32)
 
 
 class SpectraOptimizer(Optimizer):
@@ -170,18 +177,31 @@ class SpectraOptimizer(Optimizer):
             )
         return loss
 
+    #: Whether the direction link accepts sparse gradients (the wrapper's base may).
+    _sparse_directions = False
+
     def _work(self) -> Work:
         work = []
-        for group in self.param_groups:
+        for g, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
+            for i, p in enumerate(params):
                 if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                    self._check_sparse(group, g, i, p)
                 if is_sharded(p):
                     check_layout(p)
             if params:
                 work.append((group, params))
         return work
+
+    def _check_sparse(self, group: dict[str, Any], g: int, i: int, p: Tensor) -> None:
+        where = f"parameter {i} of group {g} (shape {tuple(p.shape)}) has a sparse gradient"
+        if not self._sparse_directions:
+            raise ValueError(
+                f"{type(self).__name__} does not support sparse gradients: {where}; use "
+                "spectra.Spectra around an optimizer that does (e.g. torch.optim.SGD)"
+            )
+        if group["pre_clip_c"] is not None and matrix_shape(p, True) is not None:
+            raise ValueError(f"pre-clipping needs dense gradients: {where}")
 
     def _plans(self, work: Work) -> list[ParamPlan]:
         """Count the step in every state (creating it first) and plan each parameter."""
@@ -190,12 +210,14 @@ class SpectraOptimizer(Optimizer):
             for p in params:
                 state = self.state[p]
                 if len(state) == 0:
-                    state["step"] = 0
+                    state["step"] = step_counter()
                     self._init_state(group, p, state)
-                # A plain int (a state loaded from torch optimizers may hold a tensor).
-                state["step"] = int(state["step"]) + 1
+                if not torch.is_tensor(state["step"]):  # a state saved with a plain int
+                    state["step"] = step_counter(state["step"])
+                state["step"].add_(1)  # a float32 0-d tensor, as torch's optimizers keep it
                 lr_scale, wd = self._param_rules(group, p)
-                plans.append(plan(group, p, state["step"] - 1, lr_scale=lr_scale, weight_decay=wd))
+                k = int(state["step"]) - 1
+                plans.append(plan(group, p, k, lr_scale=lr_scale, weight_decay=wd))
         return plans
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:
@@ -214,8 +236,12 @@ class SpectraOptimizer(Optimizer):
             while end < len(idx) and where[idx[end]][0] is group:
                 end += 1
             params = [where[i][1] for i in idx[start:end]]
-            # The math acts on local shards; the state stays DTensor for checkpoints.
-            states = [{k: local(v) for k, v in self.state[p].items()} for p in params]
+            # The math acts on local shards (the state stays DTensor for checkpoints) and sees
+            # the step count as an int.
+            states = [
+                {k: int(v) if k == "step" else local(v) for k, v in self.state[p].items()}
+                for p in params
+            ]
             bufs = [torch.empty_like(local(p), memory_format=torch.preserve_format) for p in params]
             self._direction(group, params, grads[start:end], states, bufs)
             out += bufs
@@ -253,6 +279,7 @@ class SpectraOptimizer(Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        check_real_params(group["params"], type(self).__name__)
         check_spectra_settings(group)
         self._check_group(group)
 
@@ -260,10 +287,12 @@ class SpectraOptimizer(Optimizer):
         super().__setstate__(state)
         self.__dict__.setdefault("num_skipped_steps", 0)
         self.__dict__.setdefault("_replication_checked", False)
-        # Groups saved without some settings (e.g. by torch.optim.AdamW) take the defaults.
+        # Groups saved without some settings (e.g. by torch.optim.AdamW) take the defaults;
+        # the bookkeeping keys torch's __setstate__ adds to the defaults stay out of them.
         for group in self.param_groups:
             for key, value in self.defaults.items():
-                group.setdefault(key, value)
+                if key not in TORCH_BOOKKEEPING:
+                    group.setdefault(key, value)
 
     def state_dict(self) -> dict[str, Any]:
         """torch's ``state_dict``; each clip schedule is saved as its ``repr`` (see

@@ -72,6 +72,13 @@ def whole_parameter(p: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
     )
 
 
+def sparse_error(owner: str, p: Tensor) -> str:
+    return (
+        f"{owner} does not support sparse gradients: a parameter of shape {tuple(p.shape)} has "
+        "one; use spectra.Spectra around an optimizer that does (e.g. torch.optim.SGD)"
+    )
+
+
 def check_layout(p: Tensor) -> None:
     """Refuse DTensor layouts the chain cannot assemble into whole matrices."""
     from torch.distributed.tensor import Replicate, Shard

@@ -30,8 +30,9 @@ from torch.optim import Optimizer
 
 from spectra.ops import newton_schulz_quintic
 from spectra.ops.spectral import MUON_NS_COEFFS
-from spectra.optim.distributed import whole_parameter
-from spectra.validate import check_int, check_number, check_pair
+from spectra.optim.base import step_counter
+from spectra.optim.distributed import sparse_error, whole_parameter
+from spectra.validate import check_int, check_number, check_pair, check_real_params
 
 # Dimensions at or above this go to AdamW under the default rule: the embedding and the
 # output head of a language model (footnote to the memory table of the SPECTRA paper:
@@ -218,6 +219,7 @@ class DMuon(Optimizer):
         group = self.param_groups[-1]
         try:
             self._validate(group)
+            check_real_params(group["params"], "DMuon")
             if group["use_muon"]:
                 for p in group["params"]:
                     if p.dim() < 2:
@@ -247,7 +249,7 @@ class DMuon(Optimizer):
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
-                    raise RuntimeError("DMuon does not support sparse gradients")
+                    raise ValueError(sparse_error("DMuon", p))
                 state = self.state[p]
                 # Under FSDP2 the update acts on the whole matrix (and the state is whole).
                 with whole_parameter(p) as (w, g):
@@ -266,7 +268,7 @@ class DMuon(Optimizer):
                         )
                     else:
                         if not state:
-                            state["step"] = 0
+                            state["step"] = step_counter()
                             state["exp_avg"] = torch.zeros_like(w)
                             state["exp_avg_sq"] = torch.zeros_like(w)
                         state["step"] += 1
@@ -275,7 +277,7 @@ class DMuon(Optimizer):
                             g,
                             state["exp_avg"],
                             state["exp_avg_sq"],
-                            state["step"],
+                            int(state["step"]),
                             lr=group["lr"],
                             weight_decay=group["weight_decay"],
                             beta1=beta1,

@@ -50,8 +50,9 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from spectra.ops._common import compute_dtype
-from spectra.optim.distributed import whole_parameter
-from spectra.validate import check_int, check_number, check_pair
+from spectra.optim.base import step_counter
+from spectra.optim.distributed import sparse_error, whole_parameter
+from spectra.validate import check_int, check_number, check_pair, check_real_params
 
 
 def rotate(x: Tensor, bases: list[Tensor | None]) -> Tensor:
@@ -173,6 +174,7 @@ class SOAP(Optimizer):
         super().add_param_group(param_group)
         try:
             self._validate(self.param_groups[-1])
+            check_real_params(self.param_groups[-1]["params"], "SOAP")
         except ValueError:
             self.param_groups.pop()
             raise
@@ -191,7 +193,7 @@ class SOAP(Optimizer):
         group: dict[str, Any],
         shampoo_beta: float,
     ) -> None:
-        state["step"] = 0
+        state["step"] = step_counter()
         state["exp_avg"] = torch.zeros_like(p)
         state["exp_avg_sq"] = torch.zeros_like(p)
         gg, qs = [], []
@@ -219,7 +221,7 @@ class SOAP(Optimizer):
         if first:
             self._init_state(state, w, g, group, shampoo_beta)
         state["step"] += 1
-        t = state["step"]
+        t = int(state["step"])
         Q = [q.to(wd) if q is not None else None for q in state["Q"]]
         # The moments live in the basis Q, except before the first step, when no basis
         # built from past gradients exists yet: that step is taken in the original basis.
@@ -266,7 +268,7 @@ class SOAP(Optimizer):
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
-                    raise RuntimeError("SOAP does not support sparse gradients")
+                    raise ValueError(sparse_error("SOAP", p))
                 with whole_parameter(p) as (w, g):  # under FSDP2: the whole matrix
                     self._update(p, w, g, group, shampoo_beta)
         return loss

@@ -26,9 +26,10 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from spectra.optim.base import SpectraOptimizer, Work
+from spectra.optim.base import TORCH_BOOKKEEPING, SpectraOptimizer, Work
 from spectra.optim.distributed import is_sharded, local, shaped_like
 from spectra.optim.settings import check_spectra_settings, keep_schedules, schedules_of
+from spectra.validate import check_real_params
 
 #: The wrapper runs the chain over chunks of ``max(largest parameter, total / CHUNKS)`` elements.
 CHUNKS = 8
@@ -110,7 +111,18 @@ class Spectra(SpectraOptimizer):
                 else:
                     p.data = torch.zeros_like(p)
                 p.grad = shaped_like(p, grad)
-            self.base.step()
+            # The base's unhooked step: torch's step hooks fire once, for this optimizer, which
+            # they see whole, not once per chunk for a narrowed base.
+            base_step = type(self.base).step
+            try:
+                getattr(base_step, "__wrapped__", base_step)(self.base)
+            except RuntimeError as err:
+                if "sparse" not in str(err):
+                    raise
+                raise ValueError(
+                    f"{type(self.base).__name__} does not support sparse gradients, which "
+                    f"Spectra passed it as they are: {err}"
+                ) from None
             bufs = [local(p).clone() if is_sharded(p) else p.data for p in params]
         finally:
             for p, data, grad in zip(params, saved, saved_grads, strict=True):
@@ -127,6 +139,9 @@ class Spectra(SpectraOptimizer):
         torch._foreach_div_(bufs, [-lr if lr != 0.0 else 1.0 for lr in lrs])
         return bufs
 
+    #: Sparse gradients go to the base as they are (torch's SGD, for one, takes them).
+    _sparse_directions = True
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if not self._initialised:
             Optimizer.add_param_group(self, param_group)  # registers the base's existing group
@@ -134,7 +149,9 @@ class Spectra(SpectraOptimizer):
             self.base.add_param_group(param_group)
         group = self.param_groups[-1]
         for key, value in self.defaults.items():
-            group.setdefault(key, value)
+            if key not in TORCH_BOOKKEEPING:
+                group.setdefault(key, value)
+        check_real_params(group["params"], "Spectra")
         check_spectra_settings(group)
 
     def __getstate__(self) -> dict[str, Any]:
