@@ -490,7 +490,9 @@ def test_user_errors_of_every_layer_share_one_leaf_base():
 # DDP
 
 
-def _ddp_worker(rank: int, port: int, dataset: str, out: str, result_dir: str) -> None:
+def _ddp_worker(
+    rank: int, port: int, dataset: str, out: str, result_dir: str, optimizer: str
+) -> None:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -499,19 +501,27 @@ def _ddp_worker(rank: int, port: int, dataset: str, out: str, result_dir: str) -
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
-    cfg = small_config(Path(dataset), Path(out), steps=4, grad_accum=2, eval_interval=4)
+    cfg = small_config(
+        Path(dataset), Path(out), steps=4, grad_accum=2, eval_interval=4, optimizer=optimizer
+    )
     cfg = dataclasses.replace(cfg, warmup_steps=1)
     result = train(cfg)
     torch.save(result.model.state_dict(), Path(result_dir) / f"rank{rank}.pt")
 
 
-def test_ddp_two_processes_match_one_process_with_the_global_batch(train_dataset, tmp_path):
+@pytest.mark.parametrize("optimizer", ["torch-adamw", "spectra-adamw"])
+def test_ddp_two_processes_match_one_process_with_the_global_batch(
+    train_dataset, tmp_path, optimizer
+):
+    # spectra-adamw divides its spectral clipping among the ranks (split_work, on by default)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "run"
     torch.multiprocessing.spawn(
-        _ddp_worker, args=(port, str(train_dataset), str(out), str(tmp_path)), nprocs=2
+        _ddp_worker,
+        args=(port, str(train_dataset), str(out), str(tmp_path), optimizer),
+        nprocs=2,
     )
     w0 = torch.load(tmp_path / "rank0.pt")
     w1 = torch.load(tmp_path / "rank1.pt")
@@ -525,7 +535,9 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(train_dataset
     # Reference: one process drawing the whole global batch (2 ranks x 8 sequences). Rank r
     # takes the r-th slice of each global batch, and DDP averages the two ranks' gradients,
     # so both runs take the same steps up to floating-point summation order.
-    ref_cfg = small_config(train_dataset, tmp_path / "ref", steps=4, grad_accum=2, batch_size=16)
+    ref_cfg = small_config(
+        train_dataset, tmp_path / "ref", steps=4, grad_accum=2, batch_size=16, optimizer=optimizer
+    )
     ref_cfg = dataclasses.replace(ref_cfg, eval_interval=4, warmup_steps=1)
     ref = train(ref_cfg)
     ref_rows = [r for r in read_jsonl(tmp_path / "ref" / "metrics.jsonl") if r["kind"] == "train"]

@@ -40,6 +40,7 @@ import random
 import re
 import secrets
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -181,9 +182,10 @@ class ShardedOptimizer:
 
     Its state is ``get_optimizer_state_dict(model, optimizer)``: the optimizer's own
     ``state_dict()`` keyed by parameter name instead of index (spectra's optimizers save their
-    clip schedules as text, and keep the built ones when loading). Loading calls
-    ``set_optimizer_state_dict``, which first initialises an empty optimizer state with one
-    step of zero gradients at lr 0 (a no-op on the weights), then loads.
+    clip schedules as text, and keep the built ones when loading). To load, DCP first asks
+    for this state as a template: torch initialises the empty state of a fresh optimizer with
+    one step of zero gradients at lr 0 (which leaves the weights as they are); then
+    ``set_optimizer_state_dict`` loads the saved state over it.
     """
 
     sharded = True
@@ -309,7 +311,9 @@ def load_model_weights(path: str | Path, model: nn.Module) -> None:
         model.load_state_dict(load_checkpoint(path, map_location="cpu")["model"])
         return
     weights = model.state_dict()
-    _dcp_load(path, {"model": weights}, no_dist=True)  # fills ``weights`` in place
+    with warnings.catch_warnings():  # DCP's note that it loads in a single process
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        _dcp_load(path, {"model": weights}, no_dist=True)  # fills ``weights`` in place
     model.load_state_dict(weights)
 
 
@@ -344,9 +348,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """
     path = Path(path)
     if path.is_dir():
-        if not is_complete(path):
-            raise CheckpointError(f"checkpoint {path} is incomplete (no {TRAINER_FILE} or DCP index)")
-        path = path / TRAINER_FILE
+        path = _complete(path) / TRAINER_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     data = path.read_bytes()
@@ -377,6 +379,15 @@ def is_complete(path: Path) -> bool:
     return (path / TRAINER_FILE).is_file() and (path / DCP_METADATA).is_file()
 
 
+def _complete(path: Path) -> Path:
+    if not is_complete(path):
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete (no {TRAINER_FILE} or {DCP_METADATA}); "
+            "resume from an earlier one"
+        )
+    return path
+
+
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every complete checkpoint in ``run_dir/ckpt``, oldest first.
 
@@ -403,9 +414,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint (file or directory), or the latest checkpoint of a run directory."""
     path = Path(path)
     if path.is_dir() and _NAME.match(path.name):
-        if not is_complete(path):
-            raise CheckpointError(f"checkpoint {path} is incomplete (no {TRAINER_FILE} or DCP index)")
-        return path
+        return _complete(path)
     if path.is_dir():
         latest = latest_checkpoint(path)
         if latest is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from spectra_lab.train.config import (
+    PARALLEL_MODES,
     TrainConfig,
     build_config,
     load_saved_config,
@@ -38,7 +39,10 @@ DIRECT_FLAGS: dict[str, str] = {
     "--clip-c": "clip_c",
     "--seed": "seed",
     "--device": "device",
+    "--parallel": "parallel",
 }
+#: flags whose value is one of a few words, shown in the help
+CHOICES: dict[str, str] = {"parallel": "{" + ",".join(PARALLEL_MODES) + "}"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, name in DIRECT_FLAGS.items():
         default = TrainConfig.__dataclass_fields__[name].default
         shown = f" (default {default})" if default is not None else ""
-        parser.add_argument(flag, dest=f"field_{name}", metavar=name.upper(),
+        parser.add_argument(flag, dest=f"field_{name}", metavar=CHOICES.get(name, name.upper()),
                             help=f"config field {name}{shown}")  # fmt: skip
     parser.add_argument(
         "--resume",

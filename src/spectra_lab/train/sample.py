@@ -1,4 +1,5 @@
-"""``spectra sample``: generate text from a checkpoint (a file, or a run directory's latest)."""
+"""``spectra sample``: generate text from a checkpoint (a file or a DCP directory of an FSDP2
+run, or a run directory's latest), in one process."""
 
 from __future__ import annotations
 
@@ -11,16 +12,21 @@ from torch import nn
 
 from spectra.validate import check_int, check_number
 from spectra_lab.cli import CLIError
-from spectra_lab.train.checkpoint import load_checkpoint, resolve_checkpoint
+from spectra_lab.train.checkpoint import load_checkpoint, load_model_weights, resolve_checkpoint
 
 
 def load_model(ckpt: str | Path, device: str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
-    """The model saved in ``ckpt`` (file or run directory) in eval mode, and the checkpoint."""
+    """The model saved in ``ckpt`` (checkpoint or run directory) in eval mode, and the
+    checkpoint (for a directory checkpoint: its trainer file, without model and optimizer)."""
     from spectra_lab.model import Llama, ModelConfig
 
-    state = load_checkpoint(resolve_checkpoint(ckpt), map_location="cpu")
+    path = resolve_checkpoint(ckpt)
+    state = load_checkpoint(path, map_location="cpu")
     model = Llama(ModelConfig(**state["model_config"]))
-    model.load_state_dict(state["model"])
+    if "model" in state:
+        model.load_state_dict(state["model"])
+    else:  # the shards of an FSDP2 run, read whole
+        load_model_weights(path, model)
     return model.to(device).eval(), state
 
 

@@ -128,6 +128,7 @@ def _train(
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len * rt.world_size
     about = {  # run.json
         "world_size": rt.world_size,
+        "parallel": cfg.parallel,
         "device": str(rt.device),
         "autocast": str(rt.autocast_dtype),
         "torch": torch.__version__,

@@ -1,0 +1,227 @@
+"""The trainer on several processes with FSDP2 (``parallel="fsdp2"``): 2 gloo processes on CPU.
+
+* A sharded run takes the same steps as one process with the same global batch.
+* Its checkpoints are DCP directories: an interrupted run resumed from one equals the
+  uninterrupted run, a save killed before its rename leaves the last good checkpoint, and
+  ``spectra sample`` reads them in one process.
+
+The DDP counterpart is ``test_ddp_two_processes_match_one_process_with_the_global_batch`` in
+``test_train.py``; the data and config helpers are that module's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from spectra_lab.cli import main
+from spectra_lab.train.checkpoint import (
+    TRAINER_FILE,
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+)
+from spectra_lab.train.config import ConfigError
+from spectra_lab.train.metrics import read_jsonl
+from spectra_lab.train.sample import load_model
+from spectra_lab.train.trainer import train
+from test_train import VOCAB, small_config, write_dataset
+
+WORLD = 2
+
+
+@pytest.fixture(autouse=True)
+def one_thread_no_stray_env(monkeypatch):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    yield
+    torch.set_num_threads(threads)
+    assert not dist.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def train_dataset(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("data") / "markov")
+
+
+def fsdp_config(dataset: Path, out: Path, **kw) -> dict:
+    """``small_config``'s fields for a short FSDP2 run (a dict: it crosses process borders)."""
+    values = dict(steps=4, grad_accum=2, eval_interval=4, warmup_steps=1, parallel="fsdp2")
+    values.update(kw)
+    return dataclasses.asdict(small_config(dataset, out, **values))
+
+
+def _spawn(runs: list[dict], tmp: Path) -> None:
+    mp.spawn(_worker, args=(runs, str(tmp)), nprocs=WORLD, join=True)
+
+
+def _worker(rank: int, runs: list[dict], tmp: str) -> None:
+    """Train each config of ``runs`` in turn, each over its own process group; a run with
+    ``stop_at`` is interrupted after that step, as a killed job would be."""
+    from spectra_lab.train.config import TrainConfig
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    for i, run in enumerate(runs):
+        run = dict(run)
+        stop_at = run.pop("stop_at", None)
+
+        def interrupt(step, record, stop_at=stop_at):
+            if step == stop_at:
+                raise KeyboardInterrupt
+
+        # train() finds the process group started and destroys it when it returns.
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp}/pg{i}", rank=rank, world_size=WORLD
+        )
+        try:
+            train(TrainConfig(**run), on_step=interrupt)
+        except KeyboardInterrupt:
+            assert stop_at is not None
+        assert not dist.is_initialized()
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, **tol) -> None:
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(q, p, msg=name, **tol)
+
+
+def test_fsdp2_two_processes_match_one_process_with_the_global_batch(train_dataset, tmp_path):
+    optimizers = ("spectra-adamw", "spectra-signum")
+    _spawn([fsdp_config(train_dataset, tmp_path / name, optimizer=name) for name in optimizers],
+           tmp_path)  # fmt: skip
+    for name in optimizers:
+        out = tmp_path / name
+        # a DCP directory per checkpoint: each rank's shards, DCP's index, the trainer's file
+        ckpt = out / "ckpt" / "step_0000004"
+        assert [p for _, p in list_checkpoints(out)] == [ckpt]
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp", TRAINER_FILE} <= {
+            p.name for p in ckpt.iterdir()
+        }
+        state = load_checkpoint(ckpt)
+        assert state["world_size"] == 2 and state["sharded"] == ["model", "optimizer"]
+        assert "model" not in state and state["config"]["parallel"] == "fsdp2"
+        rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+        assert rows[0]["tokens"] == 2 * 2 * 8 * 32 and np.isfinite(rows[0]["grad_norm"])
+
+        # One process drawing the whole global batch (2 ranks x 8 sequences): the ranks'
+        # reduce-scattered gradients average to its gradient, up to summation order.
+        ref_cfg = small_config(
+            train_dataset, tmp_path / f"ref-{name}", optimizer=name, steps=4, grad_accum=2,
+            batch_size=16, eval_batch_size=8, eval_interval=4, warmup_steps=1,
+        )  # fmt: skip
+        ref = train(ref_cfg)
+        np.testing.assert_allclose(train_losses(out), train_losses(Path(ref_cfg.out_dir)),
+                                   rtol=1e-5)  # fmt: skip
+        sharded, _ = load_model(out)  # the shards read whole, in this one process
+        assert_same_weights(ref.model, sharded, rtol=1e-3, atol=1e-4)
+        # evaluation of the sharded model (split across ranks) equals the whole model's
+        val = [r["val_loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
+        assert val[-1] == pytest.approx(ref.val_loss, rel=1e-4)
+
+
+def test_fsdp2_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_path):
+    common = dict(steps=8, checkpoint_interval=3, eval_interval=4, optimizer="spectra-adamw")
+    full = fsdp_config(train_dataset, tmp_path / "full", **common)
+    cut = fsdp_config(train_dataset, tmp_path / "cut", **common)
+    # eval batches are 5: rank 0 evaluates 3, rank 1 two (and one more forward)
+    full["eval_batches"] = cut["eval_batches"] = 5
+    resumed = {**cut, "resume": True}
+    _spawn([full, {**cut, "stop_at": 7}, resumed], tmp_path)
+
+    assert [s for s, _ in list_checkpoints(tmp_path / "cut")] == [3, 6, 8]
+    a, b = train_losses(tmp_path / "full"), train_losses(tmp_path / "cut")
+    assert len(a) == len(b) == 8
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
+    evals = [
+        [r["val_loss"] for r in read_jsonl(tmp_path / run / "metrics.jsonl") if r["kind"] == "eval"]
+        for run in ("full", "cut")
+    ]
+    np.testing.assert_allclose(evals[1], evals[0], rtol=0, atol=1e-6)
+    assert_same_weights(load_model(tmp_path / "full")[0], load_model(tmp_path / "cut")[0],
+                        rtol=0, atol=1e-6)  # fmt: skip
+
+
+def test_fsdp2_killed_save_leaves_the_last_good_checkpoint(
+    train_dataset, tmp_path, monkeypatch, capsys
+):
+    # One process: FSDP2 over a process group of one, the same checkpoint code.
+    import spectra_lab.train.checkpoint as checkpoint
+
+    cfg = small_config(train_dataset, tmp_path / "run", steps=9, checkpoint_interval=3,
+                       eval_interval=9, optimizer="spectra-adamw", parallel="fsdp2")  # fmt: skip
+    train(dataclasses.replace(cfg, out_dir=str(tmp_path / "full")))
+
+    rename = os.rename
+
+    def killed_at_step_6(src, dst):  # the job dies once the shards are written
+        if Path(dst).name == "step_0000006":
+            raise KeyboardInterrupt
+        rename(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "rename", killed_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    monkeypatch.setattr(checkpoint.os, "rename", rename)
+    ckpt = tmp_path / "run" / "ckpt"
+    left = [p.name for p in ckpt.iterdir() if p.name.startswith("step_0000006.tmp-")]
+    assert len(left) == 1 and (ckpt / left[0] / ".metadata").is_file()
+    (ckpt / "step_0000007").mkdir()  # a directory without DCP's index and the trainer's file
+    (ckpt / "step_0000007" / "__0_0.distcp").write_bytes(b"partial")
+    assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [3]
+
+    assert main(["train", "--out", cfg.out_dir, "--resume", "--no-progress"]) == 0
+    assert "steps 3->9" in capsys.readouterr().out
+    np.testing.assert_allclose(train_losses(tmp_path / "run"), train_losses(tmp_path / "full"),
+                               rtol=0, atol=1e-6)  # fmt: skip
+    full = load_model(tmp_path / "full")[0]
+    assert_same_weights(full, load_model(cfg.out_dir)[0], rtol=0, atol=1e-6)
+    # the next save deleted the killed one's directory
+    assert not any(".tmp-" in p.name for p in ckpt.iterdir())
+    assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [3, 6, 9]
+
+    # spectra sample reads a directory checkpoint, given itself or its run directory
+    class Chars:  # one character per token id
+        vocab_size = VOCAB
+
+        def __init__(self, dataset_dir=None) -> None:
+            pass
+
+        def encode(self, text):
+            return [ord(c) - 48 for c in text]
+
+        def decode(self, ids):
+            return "".join(chr(48 + i) for i in ids)
+
+    monkeypatch.setattr(importlib.import_module("spectra_lab.data"), "load_tokenizer", Chars)
+    for where in (cfg.out_dir, str(ckpt / "step_0000006")):
+        assert main(["sample", "--ckpt", where, "--prompt", "abc", "--tokens", "4"]) == 0
+        assert len(capsys.readouterr().out.rstrip("\n")) == 7
+    assert main(["sample", "--ckpt", str(ckpt / "step_0000007")]) == 2
+    assert "incomplete" in capsys.readouterr().err
+
+    # a checkpoint of the other layout is refused in one line
+    with pytest.raises(CheckpointError, match="resume it with parallel=fsdp2"):
+        train(dataclasses.replace(cfg, steps=12, resume=True, parallel="ddp"))
+
+
+def test_parallel_is_checked_before_anything_runs(capsys):
+    with pytest.raises(ConfigError, match="parallel must be one of 'ddp', 'fsdp2'"):
+        small_config(Path("nowhere"), Path("nowhere"), parallel="fsdp")
+    assert main(["train", "--parallel", "zero3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config field 'parallel'" in err
