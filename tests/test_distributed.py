@@ -241,3 +241,19 @@ def test_bench_dist_times_split_and_unsplit_steps_and_models_the_volume(tmp_path
     assert [r["procs"] for r in report["timing"]] == [1, 2]
     assert all(r["split"] > 0 and r["unsplit"] > 0 for r in report["timing"])
     assert "split (s)" in capsys.readouterr().out
+
+
+def test_unsupported_dtensor_layouts_are_refused_by_name():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1))  # a 2-D mesh, as tensor parallelism uses
+        p = nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Shard(0), Shard(1)]))
+        opt = so.AdamW([p])
+        p.grad = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0), Shard(1)])
+        with pytest.raises(ValueError, match="2-D mesh is not supported"):
+            opt.step()
+    finally:
+        dist.destroy_process_group()
