@@ -8,7 +8,6 @@ stream with a learnable structure, written in the prepared-dataset format
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -238,23 +237,10 @@ def test_truncated_or_corrupt_checkpoint_is_reported(train_dataset, tmp_path, ca
         load_checkpoint(ckpt)
 
 
-def test_sample_cli_generates_from_run_dir(train_dataset, tmp_path, capsys, monkeypatch):
+def test_sample_cli_generates_from_run_dir(train_dataset, tmp_path, capsys, char_tokenizer):
     cfg = small_config(train_dataset, tmp_path / "run", steps=3, eval_interval=3, warmup_steps=1)
     train(cfg)
 
-    class Chars:  # one character per token id
-        vocab_size = VOCAB
-
-        def __init__(self, dataset_dir=None) -> None:
-            pass
-
-        def encode(self, text):
-            return [ord(c) - 48 for c in text]
-
-        def decode(self, ids):
-            return "".join(chr(48 + i) for i in ids)
-
-    monkeypatch.setattr(importlib.import_module("spectra_lab.data"), "load_tokenizer", Chars)
     capsys.readouterr()
     argv = ["sample", "--ckpt", cfg.out_dir, "--prompt", "abc", "--tokens", "7", "--top-k", "5"]
     assert main(argv) == 0

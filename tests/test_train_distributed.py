@@ -12,7 +12,6 @@ The DDP counterpart is ``test_ddp_two_processes_match_one_process_with_the_globa
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from spectra_lab.train.config import ConfigError
 from spectra_lab.train.metrics import read_jsonl
 from spectra_lab.train.sample import load_model
 from spectra_lab.train.trainer import train
-from test_train import VOCAB, small_config, write_dataset
+from test_train import small_config, write_dataset
 
 WORLD = 2
 
@@ -157,7 +156,7 @@ def test_fsdp2_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, t
 
 
 def test_fsdp2_killed_save_leaves_the_last_good_checkpoint(
-    train_dataset, tmp_path, monkeypatch, capsys
+    train_dataset, tmp_path, monkeypatch, capsys, char_tokenizer
 ):
     # One process: FSDP2 over a process group of one, the same checkpoint code.
     import spectra_lab.train.checkpoint as checkpoint
@@ -195,19 +194,6 @@ def test_fsdp2_killed_save_leaves_the_last_good_checkpoint(
     assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [3, 6, 9]
 
     # spectra sample reads a directory checkpoint, given itself or its run directory
-    class Chars:  # one character per token id
-        vocab_size = VOCAB
-
-        def __init__(self, dataset_dir=None) -> None:
-            pass
-
-        def encode(self, text):
-            return [ord(c) - 48 for c in text]
-
-        def decode(self, ids):
-            return "".join(chr(48 + i) for i in ids)
-
-    monkeypatch.setattr(importlib.import_module("spectra_lab.data"), "load_tokenizer", Chars)
     for where in (cfg.out_dir, str(ckpt / "step_0000006")):
         assert main(["sample", "--ckpt", where, "--prompt", "abc", "--tokens", "4"]) == 0
         assert len(capsys.readouterr().out.rstrip("\n")) == 7

@@ -1,0 +1,28 @@
+"""Fixtures shared by the test modules."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+@pytest.fixture
+def char_tokenizer(monkeypatch):
+    """Make ``spectra_lab.data.load_tokenizer`` return a one-character-per-token-id tokenizer
+    (ids 0.. are the characters from '0'), so that sampling needs no prepared tokenizer."""
+
+    class Chars:
+        vocab_size = 64
+
+        def __init__(self, dataset_dir=None) -> None:
+            self.dataset_dir = dataset_dir
+
+        def encode(self, text):
+            return [ord(c) - 48 for c in text]
+
+        def decode(self, ids):
+            return "".join(chr(48 + i) for i in ids)
+
+    monkeypatch.setattr(importlib.import_module("spectra_lab.data"), "load_tokenizer", Chars)
+    return Chars
