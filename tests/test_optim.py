@@ -626,3 +626,22 @@ def test_optimizer_state_dict_saves_schedules_as_text_and_keeps_the_built_ones()
     opt.load_state_dict(torch.load(buf, weights_only=True))
     assert opt.param_groups[0]["clip_schedule"] is sched
     assert opt.state_dict()["param_groups"][0]["clip_schedule"] == repr(sched)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda ps: so.AdamW(ps, clip_c=0.1), lambda ps: so.Spectra(torch.optim.AdamW(ps), clip_c=0.1)],
+)
+def test_channels_last_kernels_are_clipped_like_contiguous_ones(make):
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(4, 3, 2, 2, generator=g, dtype=torch.float64)
+    grads = [torch.randn(4, 3, 2, 2, generator=g, dtype=torch.float64) for _ in range(3)]
+    a = w.clone().requires_grad_()
+    b = w.clone().to(memory_format=torch.channels_last).requires_grad_()
+    assert not b.is_contiguous()
+    for p in (a, b):
+        opt = make([p])
+        for gr in grads:
+            p.grad = gr.clone().to(memory_format=torch.preserve_format)
+            opt.step()
+    torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-12, atol=1e-12)

@@ -242,7 +242,10 @@ class SpectraOptimizer(Optimizer):
                 {k: int(v) if k == "step" else local(v) for k, v in self.state[p].items()}
                 for p in params
             ]
-            bufs = [torch.empty_like(local(p), memory_format=torch.preserve_format) for p in params]
+            # Contiguous, so that the spectral links can view each as its (m, n) matrix.
+            bufs = [
+                torch.empty_like(local(p), memory_format=torch.contiguous_format) for p in params
+            ]
             self._direction(group, params, grads[start:end], states, bufs)
             out += bufs
             start = end

@@ -109,7 +109,7 @@ class Spectra(SpectraOptimizer):
                 if is_sharded(p):
                     local(p).zero_()
                 else:
-                    p.data = torch.zeros_like(p)
+                    p.data = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 p.grad = shaped_like(p, grad)
             # The base's unhooked step: torch's step hooks fire once, for this optimizer, which
             # they see whole, not once per chunk for a narrowed base.
