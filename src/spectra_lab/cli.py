@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare-data": ("spectra_lab.data.cli", "download/tokenize a corpus into .bin shards"),
     "sample": ("spectra_lab.train.sample", "generate text from a checkpoint"),
     "compare": ("spectra_lab.train.compare", "plot the validation curves of several runs"),
+    "eval": ("spectra_lab.eval.cli", "downstream scores of a run through lm-eval"),
     "synth": ("spectra_lab.synth.cli", "the paper's synthetic experiments"),
     "bench": ("spectra_lab.bench.cli", "benchmarks of operators and optimizers"),
 }

@@ -1,8 +1,10 @@
-"""``spectra compare``: validation curves of several run directories in one figure."""
+"""``spectra compare``: validation curves of several run directories in one figure, and
+with ``--downstream`` their ``spectra eval`` scores side by side in a table."""
 
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import math
 from pathlib import Path
@@ -14,8 +16,15 @@ from spectra_lab.train.metrics import read_jsonl
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run directories (each holds metrics.jsonl)")
-    parser.add_argument("--out", required=True, help="PNG file to write")
+    parser.add_argument("--out", help="PNG file of the validation curves to write")
     parser.add_argument("--labels", nargs="+", help="one label per run (default: the name)")
+    parser.add_argument(
+        "--downstream", action="store_true",
+        help="print the runs' downstream scores (RUN/eval/scores.csv of `spectra eval`) as a table",
+    )  # fmt: skip
+    parser.add_argument(
+        "--table", metavar="FILE", help="also write that table (.csv, otherwise Markdown)"
+    )
 
 
 def load_evals(run: Path) -> list[dict]:
@@ -56,15 +65,58 @@ def plot_comparison(runs: list[Path], labels: list[str], out: Path) -> list[tupl
     return finals
 
 
+def downstream_table(runs: list[Path], labels: list[str]) -> list[list[str]]:
+    """Header and rows ``[task, metric, shots, score of each run]`` ("" where a run lacks it)."""
+    from spectra_lab.eval.cli import read_scores
+
+    scores: dict[tuple[str, str, str], dict[str, float]] = {}
+    for run, label in zip(runs, labels, strict=True):
+        for r in read_scores(run):
+            key = (
+                r["task"],
+                r["metric"] if r["filter"] == "none" else f"{r['metric']} ({r['filter']})",
+                r["n_shot"],
+            )
+            scores.setdefault(key, {})[label] = r["value"]
+    rows = [["task", "metric", "shots", *labels]]
+    for key in sorted(scores):
+        rows.append(
+            [*key, *(f"{scores[key][lb]:.4f}" if lb in scores[key] else "" for lb in labels)]
+        )
+    return rows
+
+
+def table_text(rows: list[list[str]], fmt: str) -> str:
+    if fmt == "csv":
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        return buf.getvalue()
+    lines = ["| " + " | ".join(rows[0]) + " |", "|---|---|---:|" + "---:|" * (len(rows[0]) - 3)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     runs = [Path(r) for r in args.runs]
-    for r in runs:
-        if not (r / "metrics.jsonl").is_file():
-            raise CLIError(f"{r}: not a run directory (no metrics.jsonl)")
     labels = args.labels or [r.name for r in runs]
     if len(labels) != len(runs):
         raise CLIError(f"--labels: got {len(labels)} labels for {len(runs)} runs")
-    for label, final in plot_comparison(runs, labels, Path(args.out)):
-        print(f"{label}: final validation loss {final:.4f} | perplexity {math.exp(final):.2f}")
-    print(f"wrote {args.out}")
+    if args.out is None and not args.downstream:
+        raise CLIError("nothing to do: give --out (validation curves) and/or --downstream")
+    if args.table is not None and not args.downstream:
+        raise CLIError("--table needs --downstream")
+    if args.out is not None:
+        for r in runs:
+            if not (r / "metrics.jsonl").is_file():
+                raise CLIError(f"{r}: not a run directory (no metrics.jsonl)")
+        for label, final in plot_comparison(runs, labels, Path(args.out)):
+            print(f"{label}: final validation loss {final:.4f} | perplexity {math.exp(final):.2f}")
+        print(f"wrote {args.out}")
+    if args.downstream:
+        rows = downstream_table(runs, labels)
+        print(table_text(rows, "md"), end="")
+        if args.table is not None:
+            fmt = "csv" if args.table.endswith(".csv") else "md"
+            atomic_write(args.table, table_text(rows, fmt))
+            print(f"wrote {args.table}")
     return 0
