@@ -9,6 +9,7 @@ it spectrally, then apply decoupled weight decay and the learning rate:
 ``X ← (1 − λη) X − αη · clip_c(U)``.
 """
 
+from spectra.monitor import SpectralMonitor
 from spectra.ops import (
     coordinate_clip,
     global_clip,
@@ -46,6 +47,7 @@ __all__ = [
     "Signum",
     "Spectra",
     "SpectraOptimizer",
+    "SpectralMonitor",
     "coordinate_clip",
     "cosine_schedule",
     "global_clip",
