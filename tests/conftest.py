@@ -5,6 +5,20 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test with one torch thread (modules opt in with ``pytestmark``).
+
+    The test machine is shared; OpenMP threads fighting over its cores slow the small steps of
+    the tests down by orders of magnitude.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -43,12 +43,7 @@ class CharTokenizer:
         return "".join(ALPHABET[i] for i in ids)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(vocab_size: int, seq_len: int = SEQ_LEN, seed: int = 0) -> Llama:

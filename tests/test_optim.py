@@ -14,15 +14,7 @@ import torch
 import spectra.optim as so
 from spectra.optim import chain as spectra_chain
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The test machine is shared; OpenMP threads fighting over its cores slow small steps down
-    # by orders of magnitude.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SHAPES = [(8, 6), (8, 6), (6, 8), (5,), (3, 4, 2)]

@@ -10,15 +10,7 @@ import torch
 
 import spectra.optim as so
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The test machine is shared; OpenMP threads fighting over its cores slow small steps down
-    # by orders of magnitude.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 OPTIMIZERS = {

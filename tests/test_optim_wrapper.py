@@ -17,15 +17,7 @@ from spectra_lab.bench.optim import (
     run_benchmark,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The test machine is shared; OpenMP threads fighting over its cores slow small steps down
-    # by orders of magnitude.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_params(shapes, dtype=torch.float64, seed=0):

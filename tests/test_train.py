@@ -40,13 +40,7 @@ from spectra_lab.train.trainer import build_lr_lambda, train
 VOCAB = 64
 
 
-@pytest.fixture(autouse=True)
-def train_one_thread():
-    # Tiny matrices: intra-op threads only add synchronization cost on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_dataset(folder: Path, n_train: int = 20000, n_val: int = 4096) -> Path:
