@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e ".[train,dev,eval]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[train,dev,eval,log]"
 	touch $(STAMP)
 
 setup: $(STAMP)

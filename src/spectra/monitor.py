@@ -19,7 +19,11 @@ the optimizer applied:
 * ``weight_fro``, ``weight_linf``: ``‖X_{k+1}‖_F`` and ``max |X_{k+1}|``;
 
 and the aggregates ``spectral/max_grad_spike``, ``spectral/max_update_spike``,
-``spectral/max_step_norm_over_bound`` and ``spectral/mean_clip_active_topk``.
+``spectral/max_step_norm_over_bound``, ``spectral/mean_clip_active_topk``, and
+``spectral/sum_weight_linf``, ``spectral/sum_weight_fro``: the sums of ``weight_linf`` and
+``weight_fro`` over the matrices recorded, the aggregated weight norms whose evolution
+"Enhancing LLM Training via Spectral Clipping" plots (its figure of the ℓ∞ and Frobenius norms
+of all weight matrices during training).
 
 The spike score divides σ_max by the RMS singular value ``√(Σσ²/min(m, n)) = ‖·‖_F/√min(m, n)``
 rather than by a median: the RMS comes exactly from the Frobenius norm, needs no full spectrum,
@@ -34,6 +38,10 @@ were clipped, and it says nothing about the singular values below the k-th. The 
 c_k (``clip_c``, ``step_*``, ``clip_active_topk``) appear for the optimizers of
 :mod:`spectra.optim` only, whose plan for the step (η, λ, α, c_k) the monitor reads before the
 step; ``clip_active_topk`` is left out for ``orthogonalize``, which moves every direction.
+
+Sharded parameters (FSDP2's ``DTensor``): each matrix the monitor reads (gradient, step,
+weights) is gathered whole with ``full_tensor()``, one at a time, a collective that every rank
+runs at the same steps; the weight copy kept across the step is the local shard.
 """
 
 from __future__ import annotations
@@ -46,10 +54,17 @@ import torch
 from torch import Tensor, nn
 
 from spectra.optim.base import SpectraOptimizer
+from spectra.optim.distributed import is_sharded
 from spectra.optim.settings import group_clips, plan
 from spectra.validate import check_choice, check_int
 
-__all__ = ["SpectralMonitor", "spike_score", "stable_rank", "top_singular_values"]
+__all__ = [
+    "SpectralMonitor",
+    "lr_and_weight_decay",
+    "spike_score",
+    "stable_rank",
+    "top_singular_values",
+]
 
 METHODS = ("power", "svd")
 #: Extra columns of the block iteration beyond the k reported: they speed its convergence.
@@ -94,6 +109,23 @@ def top_singular_values(
     return torch.linalg.svdvals(A @ V).double().cpu()[:k]
 
 
+def lr_and_weight_decay(optimizer: torch.optim.Optimizer, p: Tensor) -> tuple[float, float]:
+    """``(η, λ)`` of ``optimizer``'s next step for ``p``: its group's lr and weight decay, with a
+    spectra optimizer's per-parameter rules applied (MARS's 1-D rule).
+
+    With decoupled weight decay the step is ``X ← (1 − ηλ) X − η·u``, so the update ``u`` is
+    ``−(X_{k+1} − (1 − ηλ) X_k)/η``. Raises ``ValueError`` if ``p`` is not in ``optimizer``.
+    """
+    for group in optimizer.param_groups:
+        if any(q is p for q in group["params"]):
+            lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+            if isinstance(optimizer, SpectraOptimizer):
+                lr_scale, wd = optimizer._param_rules(group, p)
+                lr *= lr_scale
+            return lr, wd
+    raise ValueError(f"a parameter of shape {tuple(p.shape)} is not in the optimizer")
+
+
 def spike_score(sigma_max: float, fro: float, shape: tuple[int, int]) -> float:
     """``σ_max / (‖A‖_F/√min(m, n))``: σ_max against the RMS singular value (0 for A = 0)."""
     return sigma_max * math.sqrt(min(shape)) / fro if fro > 0 else 0.0
@@ -119,7 +151,10 @@ class SpectralMonitor:
         k: how many top singular values to record.
         iters: rounds of subspace iteration (``method="power"``).
         method: ``"power"`` (block subspace iteration) or ``"svd"`` (exact, float64).
-        seed: seed of the monitor's own ``torch.Generator`` for the iteration's starts.
+        seed: seeds the monitor's own ``torch.Generator`` for the iteration's starts, afresh
+            at each monitored step (with ``seed + step``): the values of a step depend on that
+            step alone, so a monitor started at step k (``step_count = k``, as a resumed
+            run does) records what an uninterrupted one would.
         prefix: the keys' prefix.
 
     Usage::
@@ -169,7 +204,8 @@ class SpectralMonitor:
         self.prefix = prefix
         self.model = model
         self.optimizer = optimizer
-        self.generator = torch.Generator().manual_seed(check_int("seed", seed))
+        self.seed = check_int("seed", seed)
+        self.generator = torch.Generator()
         self.watched = self._choose(model, optimizer, params)
         self.step_count = 0
         self.last: dict[str, float] = {}
@@ -226,6 +262,7 @@ class SpectralMonitor:
         self._pending = None
         if not self.monitoring():
             return
+        self.generator.manual_seed(self.seed + self.step_count)
         pending = []
         for name, p in self.watched:
             if p.grad is None or p.grad.is_sparse:
@@ -245,7 +282,7 @@ class SpectralMonitor:
         if not monitored or pending is None:
             return {}
         out: dict[str, float] = {f"{self.prefix}/step": float(self.step_count - 1)}
-        spikes, update_spikes, ratios, active = [], [], [], []
+        spikes, update_spikes, ratios, active, fros, linfs = [], [], [], [], [], []
         for e in pending:
             key = f"{self.prefix}/{e['name']}/"
             p, before = e["p"].detach(), e["before"]
@@ -275,8 +312,10 @@ class SpectralMonitor:
                 if e["active_at"] is not None:
                     active.append(float((s_d >= e["active_at"]).double().mean()))
                     out[key + "clip_active_topk"] = active[-1]
-            out[key + "weight_fro"] = float(torch.linalg.vector_norm(p.to(work)))
-            out[key + "weight_linf"] = float(p.abs().max())
+            weights = _whole(p)
+            fros.append(float(torch.linalg.vector_norm(weights, dtype=torch.float64)))
+            linfs.append(float(weights.abs().max()))
+            out[key + "weight_fro"], out[key + "weight_linf"] = fros[-1], linfs[-1]
         for label, values in (
             ("max_grad_spike", spikes),
             ("max_update_spike", update_spikes),
@@ -286,6 +325,9 @@ class SpectralMonitor:
                 out[f"{self.prefix}/{label}"] = max(values)
         if active:
             out[f"{self.prefix}/mean_clip_active_topk"] = sum(active) / len(active)
+        if fros:
+            out[f"{self.prefix}/sum_weight_linf"] = sum(linfs)
+            out[f"{self.prefix}/sum_weight_fro"] = sum(fros)
         self.last = out
         return out
 
@@ -313,6 +355,7 @@ class SpectralMonitor:
 
     def _spectrum(self, A: Tensor) -> tuple[Tensor, float]:
         """Top-k singular values (float64, CPU) and the Frobenius norm of ``A``."""
+        A = _whole(A)
         s = top_singular_values(A, self.k, self.iters, method=self.method, generator=self.generator)
         fro = float(torch.linalg.vector_norm(A, dtype=torch.float64))
         return s, fro
@@ -354,3 +397,8 @@ class SpectralMonitor:
             "bound": bound,
             "active_at": active_at,
         }
+
+
+def _whole(t: Tensor) -> Tensor:
+    """``t`` as one plain tensor: a ``DTensor`` gathered (a collective), any other as is."""
+    return t.full_tensor() if is_sharded(t) else t

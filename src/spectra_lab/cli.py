@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("spectra_lab.train.compare", "plot the validation curves of several runs"),
     "eval": ("spectra_lab.eval.cli", "downstream scores of a run through lm-eval"),
     "synth": ("spectra_lab.synth.cli", "the paper's synthetic experiments"),
+    "sweep": ("spectra_lab.sweep.cli", "a grid of training runs x seeds, resumable, with a report"),
+    "analyze": ("spectra_lab.analyze.cli", "spectral diagnostics: spectra, noise, weight norms"),
     "bench": ("spectra_lab.bench.cli", "benchmarks of operators and optimizers"),
 }
 

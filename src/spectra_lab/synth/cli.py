@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from spectra.validate import check_int
+from spectra_lab.files import write_json_atomic
 from spectra_lab.synth.experiments import (
     FW_CURVE_HEADER,
     SPIKE_CURVE_HEADER,
@@ -27,7 +28,7 @@ from spectra_lab.synth.experiments import (
     spike_curve_rows,
     spike_grid_rows,
 )
-from spectra_lab.synth.files import torch_threads, write_csv_atomic, write_json_atomic
+from spectra_lab.synth.files import torch_threads, write_csv_atomic
 
 EXPERIMENTS = {
     "fw": "constrained optimization with weight regularization (composite Frank–Wolfe)",

@@ -1,12 +1,11 @@
-"""Result files of the experiments (JSON, CSV), written atomically by ``spectra_lab.files``."""
+"""Result files of the experiments (CSV; JSON is ``spectra_lab.files.write_json_atomic``),
+written atomically by ``spectra_lab.files``."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import io
-import json
-import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -15,24 +14,6 @@ from typing import Any
 import torch
 
 from spectra_lab.files import atomic_write
-
-
-def _jsonable(value: Any) -> Any:
-    """Floats that JSON cannot hold (inf, nan) become strings; tensors become lists."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return _jsonable(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    text = json.dumps(_jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
-    return atomic_write(path, text + "\n")
 
 
 def write_csv_atomic(

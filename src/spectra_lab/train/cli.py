@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from spectra_lab.train.config import (
+    LOGGERS,
     PARALLEL_MODES,
     TrainConfig,
     build_config,
@@ -40,26 +41,18 @@ DIRECT_FLAGS: dict[str, str] = {
     "--seed": "seed",
     "--device": "device",
     "--parallel": "parallel",
+    "--monitor-every": "monitor_every",
+    "--log": "loggers",
 }
-#: flags whose value is one of a few words, shown in the help
-CHOICES: dict[str, str] = {"parallel": "{" + ",".join(PARALLEL_MODES) + "}"}
+#: flags whose value is one of a few words (or a list of them), shown in the help
+CHOICES: dict[str, str] = {
+    "parallel": "{" + ",".join(PARALLEL_MODES) + "}",
+    "loggers": ",".join(LOGGERS),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of config fields")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="set any config field (repeatable), e.g. --set clip_groups=[hidden,attn]",
-    )
-    for flag, name in DIRECT_FLAGS.items():
-        default = TrainConfig.__dataclass_fields__[name].default
-        shown = f" (default {default})" if default is not None else ""
-        parser.add_argument(flag, dest=f"field_{name}", metavar=CHOICES.get(name, name.upper()),
-                            help=f"config field {name}{shown}")  # fmt: skip
+    add_config_arguments(parser)
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -70,20 +63,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start afresh in --out even if it holds checkpoints (they are deleted)",
     )
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that describe a run: ``--config``, ``--set``, the direct flags, switches."""
+    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of config fields")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="set any config field (repeatable), e.g. --set clip_groups=[hidden,attn]",
+    )
+    defaults = TrainConfig().to_dict()
+    for flag, name in DIRECT_FLAGS.items():
+        default = defaults[name]
+        shown = f" (default {default})" if default not in (None, []) else ""
+        parser.add_argument(flag, dest=f"field_{name}", metavar=CHOICES.get(name, name.upper()),
+                            help=f"config field {name}{shown}")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-progress", action="store_true", help="log lines, no progress bar")
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Resolve the layered configuration; a bad layer raises a one-line ``ConfigError``."""
+def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> TrainConfig:
+    """Resolve the layered configuration; a bad layer raises a one-line ``ConfigError``.
+
+    ``base`` replaces the defaults (``--resume`` takes the run directory's ``config.yaml``).
+    """
     file_values = read_config_file(args.config) if args.config else {}
     flag_values: dict[str, Any] = {
         name: getattr(args, f"field_{name}")
         for name in DIRECT_FLAGS.values()
         if getattr(args, f"field_{name}") is not None
     }
-    switches = {"compile": args.compile, "resume": args.resume, "overwrite": args.overwrite}
-    flag_values.update({name: True for name, on in switches.items() if on})
+    switches = ("compile", "resume", "overwrite")
+    flag_values.update({name: True for name in switches if getattr(args, name, False)})
     if args.no_progress:
         flag_values["progress"] = False
     layers = [
@@ -91,8 +106,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         ("--set", parse_set(args.overrides)),
         ("the command line", flag_values),
     ]
-    base = None
-    if args.resume:
+    if base is None and getattr(args, "resume", False):
         out_dir = TrainConfig.__dataclass_fields__["out_dir"].default
         for _, layer in layers:
             out_dir = layer.get("out_dir", out_dir)

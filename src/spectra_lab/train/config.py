@@ -38,6 +38,10 @@ PRE_CLIP_SCHEDULES = ("constant", "cosine")
 AUTOCAST_MODES = ("auto", "bf16", "none")
 #: how several processes share the model: replicated (DDP) or sharded (FSDP2)
 PARALLEL_MODES = ("ddp", "fsdp2")
+#: groups whose matrices the spectral monitor may watch ("norm" holds vectors only)
+MONITOR_GROUPS = ("hidden", "attn", "embed", "head")
+#: where the scalars go besides the run directory's files (the ``log`` extra)
+LOGGERS = ("tensorboard", "wandb")
 #: ``warmup_steps = None`` warms up for this fraction of ``steps``.
 WARMUP_FRACTION = 0.1
 
@@ -110,6 +114,14 @@ class TrainConfig:
     plot: bool = True
     progress: bool = True
 
+    # spectral monitor (spectra.SpectralMonitor): its scalars every monitor_every steps (0: off)
+    # into metrics.jsonl (kind "monitor") and the loggers; it watches the matrices of
+    # monitor_groups (default: every weight matrix)
+    monitor_every: int = 0
+    monitor_groups: list[str] = field(default_factory=lambda: list(MONITOR_GROUPS))
+    # TensorBoard and/or Weights & Biases: the train, eval and monitor scalars (rank 0)
+    loggers: list[str] = field(default_factory=list)
+
     # hardware
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     autocast: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | none
@@ -144,6 +156,11 @@ class TrainConfig:
                 "cosine needs pre_clip_c",
             ),
             (
+                "monitor_groups",
+                self.monitor_every > 0 and not self.monitor_groups,
+                "is empty: the monitor would watch nothing",
+            ),
+            (
                 "pre_clip_c_final",
                 self.pre_clip_c_final is not None
                 and (self.pre_clip_c is None or self.pre_clip_c_final > self.pre_clip_c),
@@ -166,9 +183,9 @@ def _auto_or_positive(name: str, value: Any) -> Any:
         check_number(f"{name} ('auto' or a number)", value, low=0.0, low_open=True)
 
 
-def _groups(name: str, value: list[str]) -> None:
-    for group in value:
-        check_choice(name, group, PARAM_GROUPS)
+def _choices_each(name: str, value: list[str], choices: tuple[str, ...]) -> None:
+    for item in value:
+        check_choice(name, item, choices)
 
 
 def _device(name: str, value: str) -> None:
@@ -199,7 +216,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "clip_c": _positive_or_off,
     "clip_scale": _auto_or_positive,
     "clip_schedule": partial(check_choice, choices=CLIP_SCHEDULES),
-    "clip_groups": _groups,
+    "clip_groups": partial(_choices_each, choices=PARAM_GROUPS),
     "pre_clip_c": _positive_or_off,
     "pre_clip_schedule": partial(check_choice, choices=PRE_CLIP_SCHEDULES),
     "pre_clip_c_final": _positive_or_off,
@@ -209,6 +226,9 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "log_interval": _positive_int,
     "checkpoint_interval": _count,
     "keep_checkpoints": _count,
+    "monitor_every": _count,
+    "monitor_groups": partial(_choices_each, choices=MONITOR_GROUPS),
+    "loggers": partial(_choices_each, choices=LOGGERS),
     "device": _device,
     "autocast": partial(check_choice, choices=AUTOCAST_MODES),
     "parallel": partial(check_choice, choices=PARALLEL_MODES),

@@ -5,10 +5,12 @@ writes ``config.yaml`` and ``run.json`` when the run starts, the metrics files a
 ``loss.png`` and ``summary.json`` when it ends.
 
 The metrics files are ``metrics.jsonl``, ``train.csv`` and ``eval.csv``. Every record is
-one JSON line with ``kind`` ("train" or "eval") and ``step``; the CSV files hold the same
-numbers with fixed columns, for spreadsheets and pandas. Lines are appended as training
-goes; on resume the files are cut back to the checkpoint's step so that a resumed run's
-files read exactly like an uninterrupted run's.
+one JSON line with ``kind`` ("train", "eval" or "monitor") and ``step``; the CSV files hold
+the train and eval numbers with fixed columns, for spreadsheets and pandas (the spectral
+monitor's records, whose keys depend on the model, are in ``metrics.jsonl`` only). Lines are
+appended as training goes; on resume the files are cut back to the checkpoint's step so that
+a resumed run's files read exactly like an uninterrupted run's. The same records go to the
+loggers of ``cfg.loggers`` (TensorBoard, W&B; see ``loggers.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import csv
 import io
 import json
 import math
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ import yaml
 
 from spectra_lab.files import atomic_write
 from spectra_lab.train.config import TrainConfig
+from spectra_lab.train.loggers import open_loggers, scalars
 from spectra_lab.train.runtime import Runtime
 
 TRAIN_COLUMNS = (
@@ -39,6 +43,7 @@ TRAIN_COLUMNS = (
     "t_backward",
     "t_grad_clip",
     "t_optimizer",
+    "t_monitor",
     "t_step",
     "tokens_per_s",
 )
@@ -83,6 +88,8 @@ class MetricsWriter:
         record = {"kind": kind, **record}
         with self.jsonl.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if kind not in ("train", "eval"):
+            return
         columns, path = (
             (TRAIN_COLUMNS, self.train_csv) if kind == "train" else (EVAL_COLUMNS, self.eval_csv)
         )
@@ -151,8 +158,9 @@ class RunLog:
     """Everything rank 0 reports; on the other ranks every method does nothing.
 
     It writes ``config.yaml`` and ``run.json`` when it opens, keeps the metrics files
-    (``metrics.jsonl``, ``train.csv``, ``eval.csv``), shows the progress bar or the log
-    lines, and writes ``loss.png`` (once) and ``summary.json`` when the run finishes.
+    (``metrics.jsonl``, ``train.csv``, ``eval.csv``) and the loggers, shows the progress bar
+    or the log lines, and writes ``loss.png`` (once) and ``summary.json`` when the run
+    finishes. Used as a context manager, it closes the bar and the loggers on the way out.
     """
 
     def __init__(
@@ -160,11 +168,17 @@ class RunLog:
     ) -> None:
         self.run_dir, self.cfg, self.active = run_dir, cfg, rt.is_main
         self.bar = None
+        self.loggers: list[Any] = []
         if not self.active:
             return
+        if "wandb" in cfg.loggers:  # a resumed run logs to the same W&B run
+            previous = run_dir / "run.json"
+            old = json.loads(previous.read_text()) if start and previous.is_file() else {}
+            about = {**about, "wandb_id": old.get("wandb_id") or secrets.token_hex(4)}
         atomic_write(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         atomic_write(run_dir / "run.json", json.dumps(about, indent=2))
         self.metrics = MetricsWriter(run_dir, resume_step=start or None)
+        self.loggers = open_loggers(cfg, run_dir, start, about.get("wandb_id"))
         if cfg.progress:
             from tqdm import tqdm
 
@@ -181,9 +195,18 @@ class RunLog:
     def __enter__(self) -> RunLog:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         if self.bar is not None:
             self.bar.close()
+        for logger in self.loggers:
+            logger.close(failed=exc_type is not None)
+
+    def _record(self, kind: str, record: dict[str, Any]) -> None:
+        self.metrics.log(kind, record)
+        if self.loggers:
+            values = scalars(kind, record)
+            for logger in self.loggers:
+                logger.log(record["step"], values)
 
     def line(self, text: str) -> None:
         if not self.active:
@@ -196,7 +219,7 @@ class RunLog:
     def train(self, r: dict[str, Any]) -> None:
         if not self.active:
             return
-        self.metrics.log("train", r)
+        self._record("train", r)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(
@@ -213,8 +236,13 @@ class RunLog:
             return
         ppl = perplexity(val_loss)
         record = {"step": step, "tokens": tokens, "val_loss": val_loss, "val_ppl": ppl}
-        self.metrics.log("eval", {**record, "t_eval": seconds})
+        self._record("eval", {**record, "t_eval": seconds})
         self.line(f"step {step:>6} | val loss {val_loss:.4f} | val ppl {ppl:.2f}")
+
+    def monitor(self, step: int, values: dict[str, float]) -> None:
+        """The spectral monitor's scalars of step ``step`` (a record of kind "monitor")."""
+        if self.active and values:
+            self._record("monitor", {"step": step, **values})
 
     def finish(self, tokens: int, val_loss: float | None, parameters: int) -> None:
         """Draw ``loss.png`` (the one time it is drawn) and write ``summary.json``."""

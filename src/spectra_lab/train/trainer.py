@@ -13,6 +13,9 @@ Then one loop, whose body is a step:
 4. the LR scheduler's step, ``η_k = η · S_lr(k)`` (WSD or cosine, with linear warmup);
 
 then the step's metrics and log line, an evaluation and a checkpoint when they are due.
+With ``monitor_every > 0`` a ``spectra.SpectralMonitor`` reads the gradients before step 3 and
+the weights after it (its scalars become records of kind "monitor"); ``train(watch=...)`` adds
+other observers with the same two calls (``spectra analyze`` records spectra that way).
 A checkpoint is the ``state_dict`` of each component (model, optimizer, LR schedule,
 data-sampler position, RNG states); see ``checkpoint.py``. The run directory's other
 files are written by ``metrics.RunLog``.
@@ -42,7 +45,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from spectra import cosine_schedule, wsd_schedule
+from spectra import SpectralMonitor, cosine_schedule, wsd_schedule
 from spectra_lab.train.checkpoint import (
     CheckpointError,
     LRSchedule,
@@ -60,11 +63,35 @@ from spectra_lab.train.checkpoint import (
     save_sharded_components,
 )
 from spectra_lab.train.config import ConfigError, TrainConfig
+from spectra_lab.train.loggers import check_loggers
 from spectra_lab.train.metrics import RunLog, perplexity
-from spectra_lab.train.optimizers import build_optimizer, check_optimizer, clip_threshold
+from spectra_lab.train.optimizers import (
+    build_optimizer,
+    check_optimizer,
+    clip_threshold,
+    group_of,
+)
 from spectra_lab.train.runtime import Runtime, build_runtime
 
 OnStep = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass
+class RunContext:
+    """The pieces of a run that an observer of its steps may read (see :func:`train`)."""
+
+    cfg: TrainConfig
+    model: nn.Module  # the model itself (not its DDP or compiled wrapper)
+    optimizer: torch.optim.Optimizer
+    runtime: Runtime
+    dataset_dir: Path
+    seq_len: int
+    start: int  # the step the loop starts from (the checkpoint's, on resume)
+
+
+#: ``watch(ctx)`` builds an observer with ``before_step()`` and ``after_step() -> dict``
+#: (``SpectralMonitor``'s two calls), called around every optimizer step
+Watch = Callable[[RunContext], Any]
 
 
 @dataclass
@@ -80,26 +107,38 @@ class TrainResult:
     rank: int = 0
 
 
-def train(cfg: TrainConfig, on_step: OnStep | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig, on_step: OnStep | None = None, watch: Watch | None = None
+) -> TrainResult:
     """Train ``cfg`` from scratch, or from its run directory's latest checkpoint.
 
     ``on_step(step, record)`` is called on every rank after each optimizer step, with
     the step count so far and the step's metrics; raising from it stops training the
     way an interruption would (no checkpoint is written).
+
+    ``watch(ctx)``, called on every rank once the optimizer is built (``ctx``: a
+    :class:`RunContext`), returns an observer whose ``before_step()`` runs after gradient
+    clipping and before ``optimizer.step()``, and whose ``after_step()`` runs right after it;
+    its time is the train record's ``t_analysis``. It must leave the weights, gradients and
+    RNG states alone for the run to stay what it would be without it.
     """
     # The run directory records the warmup in force, so that a resumed run keeps it.
     cfg = dataclasses.replace(cfg, warmup_steps=cfg.warmup)
-    lr_lambda = build_lr_lambda(cfg)  # both check their settings before anything runs
+    lr_lambda = build_lr_lambda(cfg)  # the three check their settings before anything runs
     check_optimizer(cfg)
+    check_loggers(cfg)
     try:
-        return _train(cfg, lr_lambda, on_step)
+        return _train(cfg, lr_lambda, on_step, watch)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _train(
-    cfg: TrainConfig, lr_lambda: Callable[[int], float], on_step: OnStep | None
+    cfg: TrainConfig,
+    lr_lambda: Callable[[int], float],
+    on_step: OnStep | None,
+    watch: Watch | None,
 ) -> TrainResult:
     rt = build_runtime(cfg)
     dataset_dir = resolve_dataset(cfg, rt)
@@ -122,6 +161,9 @@ def _train(
     }
     run_dir = Path(cfg.out_dir)
     start, tokens = start_or_resume(run_dir, cfg, rt, components)
+    ctx = RunContext(cfg, model, optimizer, rt, dataset_dir, model_cfg.seq_len, start)
+    monitor = build_monitor(ctx)
+    observer = watch(ctx) if watch is not None else None
 
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
@@ -156,8 +198,10 @@ def _train(
                 loss = forward_backward(forward, sampler, cfg, rt, timer)
                 with timer("grad_clip"):
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                around_step(monitor, observer, timer, "before_step")
                 with timer("optimizer"):
                     optimizer.step()
+                spectral = around_step(monitor, observer, timer, "after_step")
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 loss = rt.mean(loss).item()
@@ -175,6 +219,7 @@ def _train(
                 "tokens_per_s": tokens_per_step / timer.times["t_step"],
             }
             log.train(record)
+            log.monitor(done, spectral)
             if on_step is not None:
                 on_step(done, record)
 
@@ -316,6 +361,29 @@ def start_or_resume(
     return start, tokens
 
 
+def build_monitor(ctx: RunContext) -> SpectralMonitor | None:
+    """The run's ``SpectralMonitor`` (``None`` when ``monitor_every`` is 0).
+
+    It watches every matrix of ``monitor_groups`` (default: all weight matrices, so that its
+    ``sum_weight_*`` are the paper's aggregated weight norms) and counts steps from ``start``,
+    so a resumed run records at the same steps, and the same values, as an uninterrupted one.
+    Every rank runs it (under FSDP2 it gathers each matrix, a collective); rank 0 logs it.
+    """
+    cfg = ctx.cfg
+    if not cfg.monitor_every:
+        return None
+    watched = [
+        (name, p)
+        for name, p in ctx.model.named_parameters()
+        if p.requires_grad and p.dim() >= 2 and group_of(name, p) in cfg.monitor_groups
+    ]
+    monitor = SpectralMonitor(
+        ctx.model, ctx.optimizer, params=watched, every=cfg.monitor_every, seed=cfg.seed
+    )
+    monitor.step_count = ctx.start
+    return monitor
+
+
 def save_checkpoint(
     run_dir: Path, cfg: TrainConfig, rt: Runtime, components: dict[str, Any], scalars: dict
 ) -> None:
@@ -387,6 +455,19 @@ def gradient_sync(forward: nn.Module, last: bool) -> contextlib.AbstractContextM
     elif isinstance(forward, nn.parallel.DistributedDataParallel) and not last:
         return forward.no_sync()
     return contextlib.nullcontext()
+
+
+def around_step(monitor: Any, observer: Any, timer: Timer, call: str) -> dict[str, float]:
+    """Run ``before_step`` or ``after_step`` of the monitor and the observer (each timed);
+    return the monitor's scalars (``{}`` on unmonitored steps)."""
+    out: dict[str, float] = {}
+    if monitor is not None:
+        with timer("monitor"):
+            out = getattr(monitor, call)() or {}
+    if observer is not None:
+        with timer("analysis"):
+            getattr(observer, call)()
+    return out
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,182 @@
+"""Grid figures of ``spectra analyze`` in the layout of the paper's figures (matplotlib, Agg),
+written atomically as PNG: one row per layer, one column per recorded step."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from spectra_lab.files import atomic_write
+
+SIGNAL_COLOR, NOISE_COLOR = "tab:blue", "tab:red"
+#: singular values below this fraction of the largest are round-off zeros (not drawn, counted)
+ZERO_RATIO = 1e-12
+
+
+def save_figure(fig: plt.Figure, path: str | os.PathLike, dpi: int = 90) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return atomic_write(path, buf.getvalue())
+
+
+def _grid(layers: list[str], steps: list[int]) -> tuple[plt.Figure, np.ndarray]:
+    fig, axes = plt.subplots(
+        len(layers),
+        len(steps),
+        figsize=(3.4 * len(steps), 2.3 * len(layers)),
+        squeeze=False,
+    )
+    for j, step in enumerate(steps):
+        axes[0, j].set_title(f"step {step}", fontsize=10, fontweight="bold")
+    for i, name in enumerate(layers):
+        axes[i, 0].set_ylabel(short_name(name), fontsize=8)
+    return fig, axes
+
+
+def _finish(fig: plt.Figure) -> None:
+    """Lay the panels out below the title (about 0.6 inch for it)."""
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_figheight()))
+
+
+def short_name(name: str) -> str:
+    """``layers.0.attn.wq.weight`` → ``L0.attn.wq``."""
+    return name.removesuffix(".weight").replace("layers.", "L")
+
+
+def _nonzero(s: np.ndarray) -> np.ndarray:
+    """The singular values above round-off: ``σ > ZERO_RATIO·σ_max``."""
+    return s[s > ZERO_RATIO * s.max()] if s.size and s.max() > 0 else s[:0]
+
+
+def _log_axis(ax: plt.Axes) -> None:
+    ax.set_xscale("log")
+    low, high = ax.get_xlim()
+    if high >= 10 * low:  # a decade or more: label the decades only
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.tick_params(labelsize=7, which="both")
+
+
+def _log_bins(values: list[np.ndarray], count: int = 30) -> np.ndarray:
+    positive = np.concatenate([_nonzero(v) for v in values])
+    if positive.size == 0:
+        return np.logspace(-1, 1, count)
+    low, high = positive.min(), positive.max()
+    if high <= low:
+        low, high = low / 2, high * 2
+    return np.logspace(math.log10(low), math.log10(high), count)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:.3g}"
+
+
+def spectra_figure(data: dict[str, Any], which: str) -> plt.Figure:
+    """Histograms of the singular values of the gradient (``which="grad"``) or the update
+    (``"update"``), log scale, with σ_max, σ_min and κ = σ_max/σ_min in each panel."""
+    layers, steps = list(data["layers"]), data["steps"]
+    fig, axes = _grid(layers, steps)
+    for i, name in enumerate(layers):
+        by_step = {r["step"]: r for r in data["layers"][name]["records"]}
+        for j, step in enumerate(steps):
+            ax = axes[i, j]
+            record = by_step.get(step)
+            sigma = None if record is None else record[f"{which}_sigma"]
+            if not sigma:
+                ax.text(0.5, 0.5, "no update (lr = 0)", ha="center", transform=ax.transAxes)
+                continue
+            s = np.asarray(sigma)
+            shown = _nonzero(s)
+            ax.hist(shown, bins=_log_bins([s]), color=SIGNAL_COLOR, alpha=0.8)
+            _log_axis(ax)
+            c = record[which]
+            text = f"σmax {_fmt(c['sigma_max'])}\nσmin {_fmt(c['sigma_min'])}\nκ {_fmt(c['cond'])}"
+            text += f"\nσmax/median {_fmt(c['max_over_median'])}"
+            if shown.size < s.size:
+                text += f"\n{s.size - shown.size} ≈ 0"
+            ax.text(0.02, 0.95, text, va="top", fontsize=7, transform=ax.transAxes)
+    label = "gradient g_k" if which == "grad" else "update U_k = −(X_{k+1} − (1−ηλ)X_k)/η"
+    fig.suptitle(f"{data['optimizer']}: singular values of the {label}", fontsize=11)
+    _finish(fig)
+    return fig
+
+
+def noise_spectra_figure(data: dict[str, Any]) -> plt.Figure:
+    """Per panel: the singular values of the signal G (blue), the top-r singular values of the
+    noises N (red), and ‖G‖₂ (dashed)."""
+    layers, steps = list(data["layers"]), data["steps"]
+    fig, axes = _grid(layers, steps)
+    for i, name in enumerate(layers):
+        by_step = {r["step"]: r for r in data["layers"][name]["records"]}
+        for j, step in enumerate(steps):
+            ax, r = axes[i, j], by_step[step]
+            signal = np.asarray(r["signal_sigma"])
+            noise = np.asarray(r["noise_sigma"]).ravel()
+            bins = _log_bins([signal, noise])
+            shown = _nonzero(signal)
+            ax.hist(shown, bins=bins, color=SIGNAL_COLOR, alpha=0.6, label="σ(G)")
+            ax.hist(_nonzero(noise), bins=bins, color=NOISE_COLOR, alpha=0.6, label="top-r σ(N)")
+            ax.axvline(r["signal_norm"], color="k", ls="--", lw=0.8, label="‖G‖₂")
+            _log_axis(ax)
+            share = r["summary"]["fraction_noise_top_above_signal"]
+            ax.text(0.02, 0.95, f"σ₁(N) > ‖G‖₂: {share:.0%}", va="top", fontsize=7,
+                    transform=ax.transAxes)  # fmt: skip
+    axes[0, -1].legend(fontsize=7, loc="center right")
+    fig.suptitle(
+        f"{data['optimizer']}: singular values of the large-batch gradient G "
+        f"({data['signal_batch']} sequences, blue)\nand top-{data['rank']} of the "
+        f"single-sequence noises N = g − G ({data['samples']} samples, red)",
+        fontsize=10,
+    )
+    _finish(fig)
+    return fig
+
+
+def noise_distance_figure(data: dict[str, Any]) -> plt.Figure:
+    """Per panel: histograms of the spectral and chordal distances d_r(N, G) over the samples."""
+    layers, steps = list(data["layers"]), data["steps"]
+    fig, axes = _grid(layers, steps)
+    bins = np.linspace(0.0, 1.0, 41)
+    for i, name in enumerate(layers):
+        by_step = {r["step"]: r for r in data["layers"][name]["records"]}
+        for j, step in enumerate(steps):
+            ax, r = axes[i, j], by_step[step]
+            ax.hist(r["spectral"], bins=bins, color="tab:purple", alpha=0.6, label="spectral")
+            ax.hist(r["chordal"], bins=bins, color="tab:orange", alpha=0.6, label="chordal")
+            chance = data["layers"][name]["chordal_chance"]
+            ax.axvline(chance, color="k", ls=":", lw=0.8, label="chordal, random subspaces")
+            ax.set_xlim(0, 1.02)
+            ax.tick_params(labelsize=7)
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(
+        f"{data['optimizer']}: distances d_r between the top-{data['rank']} singular "
+        "subspaces\nof the noise N and of the signal G (0: the same, 1: orthogonal)",
+        fontsize=10,
+    )
+    _finish(fig)
+    return fig
+
+
+def norms_figure(runs: list[dict[str, Any]]) -> plt.Figure:
+    """Σ‖X‖_∞ and Σ‖X‖_F over the weight matrices against step, one curve per run."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for run in runs:
+        axes[0].plot(run["steps"], run["sum_weight_linf"], label=run["label"])
+        axes[1].plot(run["steps"], run["sum_weight_fro"], label=run["label"])
+    for ax, title in zip(axes, ("Σ ‖X‖_∞ (max |entry|)", "Σ ‖X‖_F"), strict=True):
+        ax.set_title(f"{title} over the weight matrices")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return fig
