@@ -150,6 +150,79 @@ def test_soft_clip_polar_needs_no_more_products_than_the_paper_for_spikes_up_to_
     assert 4 * len(coeffs) - 3 <= 30
 
 
+def _eigh_dtypes(monkeypatch):
+    """Record the dtype of every eigh call the operators make."""
+    seen = []
+    real = torch.linalg.eigh
+
+    def spy(A, *args, **kwargs):
+        seen.append(A.dtype)
+        return real(A, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "eigh", spy)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("spike", "expected"),
+    [
+        (3.0, [torch.float32]),
+        (30.0, [torch.float32]),
+        (300.0, [torch.float64]),
+        (1e4, [torch.float64]),
+    ],
+)
+def test_soft_clip_eigh_chooses_its_precision_from_sigma_max_over_c(monkeypatch, spike, expected):
+    # float32 while (σ_max/c)² ≤ 1e4; beyond, for these inputs, the largest row norm already
+    # exceeds the bound and sends the batch to float64 directly.
+    c = 0.7
+    X = spiked((48, 96), c, spike, kind="adam")
+    seen = _eigh_dtypes(monkeypatch)
+    Y = soft_clip(X, c, method="eigh")
+    assert seen == expected
+    assert rel_err(Y, soft_ref(X, c)) <= 2e-3
+
+
+def test_soft_clip_eigh_redoes_in_float64_when_the_float32_eigenvalues_say_so(monkeypatch):
+    # σ_max/c = 150 but spread over many rows: no row norm exceeds the bound, the float32
+    # eigenvalues do, and the batch is redone in float64.
+    c = 1.0
+    X = with_spectrum((64, 64), torch.cat([torch.tensor([150.0]), torch.ones(63)]), seed=3)
+    assert float((X.double() @ X.double().T).diagonal().max()) < 1e4 * c * c
+    seen = _eigh_dtypes(monkeypatch)
+    Y = soft_clip(X.float(), c, method="eigh")
+    assert seen == [torch.float32, torch.float64]
+    assert rel_err(Y, soft_ref(X, c)) <= 1e-4
+
+
+def test_operators_use_float64_where_float32_products_are_not_ieee(monkeypatch):
+    # torch.set_float32_matmul_precision("medium") makes float32 products bf16 on CPUs with
+    # bf16 units (TF32 on CUDA with "high"); the operators' Gram matrices then work in float64.
+    from spectra.ops._common import fp32_products_are_ieee
+
+    backend = torch.backends.mkldnn.matmul
+    old = backend.fp32_precision
+    try:
+        assert fp32_products_are_ieee(torch.device("cpu"))
+        backend.fp32_precision = "bf16"
+        assert not fp32_products_are_ieee(torch.device("cpu"))
+        seen = _eigh_dtypes(monkeypatch)
+        X = spiked((24, 40), 0.7, 3.0)
+        Y = soft_clip(X, 0.7, method="eigh")
+        assert seen == [torch.float64]
+        assert rel_err(Y, soft_ref(X, 0.7)) <= 1e-5
+        assert soft_clip_polar_dtype(X, 0.7) == torch.float64
+    finally:
+        backend.fp32_precision = old
+    assert fp32_products_are_ieee(torch.device("cpu"))
+
+
+def soft_clip_polar_dtype(X, c):
+    from spectra.ops.spectral import polar_steps
+
+    return polar_steps(X, c)[1]
+
+
 def test_soft_clip_is_identity_when_spectral_norm_is_far_below_c():
     X = with_spectrum((20, 30), torch.linspace(1e-3, 1e-2, 20))
     for method in ("auto", "polar", "eigh", "svd", "paper"):

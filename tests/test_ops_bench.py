@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
+
+import torch
 
 from spectra_lab.bench import ops as bench_ops
 from spectra_lab.cli import main
@@ -39,8 +42,10 @@ def test_bench_ops_writes_markdown_for_other_suffixes(tmp_path):
     out = tmp_path / "ops.md"
     args = ["bench", "ops", "--quick", "--no-progress", "--dtypes", "fp32", "--inputs", "gauss"]
     assert main([*args, "--out", str(out)]) == 0
-    text = out.read_text()
-    assert text.count("\n| ") == len(bench_ops.QUICK_SHAPES) + 1  # header + one line per shape
+    cells_table, summary = out.read_text().split("\n\n")[1:3]
+    assert cells_table.count("\n| ") == len(bench_ops.QUICK_SHAPES)  # one line per shape
+    assert summary.startswith("| method | cells |")
+    assert summary.count("\n| ") == len(bench_ops.methods(1.0))
 
 
 def test_bench_ops_rejects_bad_repeats(capsys):
@@ -63,3 +68,67 @@ def test_bench_optim_is_dispatched_to_its_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "spectra_lab.bench.optim", stub)
     assert main(["bench", "optim", "--steps", "7"]) == 0
     assert calls == [7]
+
+
+# --------------------------------------------------------------------------- recorded inputs
+
+
+def test_recorder_recovers_the_adamw_direction_from_the_weights():
+    from spectra_lab.bench.inputs import _Recorder
+
+    torch.manual_seed(0)
+    W = torch.nn.Parameter(torch.randn(6, 5))
+    opt = torch.optim.AdamW([{"params": [W], "group": "attn"}], lr=0.1, weight_decay=0.3)
+    rec = _Recorder("adamw", {2})
+    g1, g2 = torch.randn(6, 5), torch.randn(6, 5)
+    for g in (g1, g2):
+        W.grad = g.clone()
+        rec.pre(opt)
+        opt.step()
+        rec.post(opt)
+    # AdamW's direction at step 2, by hand: bias-corrected moments
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    m = (1 - b1) * (b1 * g1 + g2) / (1 - b1**2)
+    v = (1 - b2) * (b2 * g1**2 + g2**2) / (1 - b2**2)
+    expected = m.double() / (v.double().sqrt() + eps)
+    (key,) = rec.found
+    assert key == "adamw@2/attn"
+    assert torch.allclose(rec.found[key].double(), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_record_inputs_trains_and_saves_directions_at_the_chosen_fractions(tmp_path):
+    from spectra_lab.bench.inputs import load, record
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_train import write_dataset
+
+    data = write_dataset(tmp_path / "data")
+    out = tmp_path / "dirs.pt"
+    found = record(
+        out, ("adamw", "signum"), steps=4, fractions=(0.25, 1.0), progress=False,
+        dataset=str(data), preset="tiny", seq_len=16, batch_size=2, eval_batches=1,
+        device="cpu",
+    )  # fmt: skip
+    loaded = load(out)
+    assert set(loaded) == set(found)
+    steps = {key.split("/")[0] for key in loaded}
+    assert steps == {"adamw@1", "adamw@4", "signum@1", "signum@4"}
+    for U in loaded.values():
+        assert U.dim() == 2 and torch.isfinite(U).all() and U.abs().max() > 0
+    # Signum's direction is a sign matrix (momentum's sign), up to the recovery's rounding
+    signum = [U for key, U in loaded.items() if key.startswith("signum")]
+    assert all(torch.allclose(U.abs(), torch.ones_like(U), atol=1e-3) for U in signum)
+
+
+def test_bench_ops_reads_recorded_inputs(tmp_path, capsys):
+    from spectra_lab.bench.inputs import DEFAULT_FILE
+
+    args = ["bench", "ops", "--quick", "--no-progress", "--dtypes", "fp32", "--inputs"]
+    args += ["recorded", "--methods", "auto", "paper_fp32", "--out", str(tmp_path / "o.json")]
+    assert main(args) == 0
+    cells = json.loads((tmp_path / "o.json").read_text())["cells"]
+    recorded = torch.load(DEFAULT_FILE, weights_only=True)["directions"]
+    assert {c["input"] for c in cells} == set(recorded)
+    for c in cells:
+        if c["method"] == "auto":
+            assert c["rel_err"] <= 1e-2 and c["sigma_over_c"] > 0

@@ -9,6 +9,7 @@ import torch
 
 import spectra.optim as so
 from spectra_lab.bench.optim import (
+    METHODS,
     PaperWrapper,
     cpu_step_peak_bytes,
     live_bytes,
@@ -174,7 +175,8 @@ def test_wrapper_keeps_no_copy_of_the_parameters():
 def test_benchmark_runs_on_a_reduced_model_and_reports_ratios():
     report = run_benchmark(llama_shapes(1, 32, 64, 100), repeats=1, warmup=1)
     rows = {r["method"]: r for r in report["rows"]}
-    assert set(rows) == {"torch-adamw", "spectra-adamw", "spectra-wrap", "paper-wrap"}
+    assert set(rows) == set(METHODS)
+    assert rows["paper-wrap-bf16"]["vs_bf16"] == 1.0 and rows["paper-wrap-fp32"]["vs_fp32"] == 1.0
     assert rows["torch-adamw"]["time_ratio"] == 1.0
     assert rows["spectra-adamw"]["resident_bytes"] <= rows["torch-adamw"]["resident_bytes"]
     assert report["num_params"] == 2 * 100 * 32 + 4 * 32 * 32 + 3 * 64 * 32 + 3 * 32

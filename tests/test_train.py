@@ -12,6 +12,7 @@ import json
 import math
 import os
 import socket
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -544,6 +545,12 @@ def test_compare_plots_the_final_validation_losses_of_runs(train_dataset, tmp_pa
         final = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "eval"][-1]
         want = f"{label}: final validation loss {final['val_loss']:.4f}"
         assert any(line.startswith(want) for line in lines), (want, lines)
+    # median step times after the first step, and their ratio to the first run's
+    medians = []
+    for run in runs:
+        train_records = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+        medians.append(statistics.median(r["t_step"] for r in train_records[1:]))
+    assert f"median step {medians[1]:.3f} s (x{medians[1] / medians[0]:.3f} of a)" in lines[1]
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["compare", str(tmp_path / "missing"), "--out", str(fig)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

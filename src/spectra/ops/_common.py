@@ -51,6 +51,25 @@ def compute_dtype(X: Tensor) -> torch.dtype:
     return torch.float64 if X.dtype == torch.float64 else torch.float32
 
 
+def fp32_products_are_ieee(device: torch.device) -> bool:
+    """Whether float32 matrix products on ``device`` run in IEEE float32.
+
+    Users often enable TF32 on CUDA (``torch.set_float32_matmul_precision("high")``), or bf16
+    products for float32 on CPUs with bf16 units (``"medium"``): about 1e-3 relative error per
+    product, which the float32 Gram matrices of the operators cannot afford. Only reads the
+    settings (the per-backend ``fp32_precision``, or the legacy flags on older torch), so that
+    the user's choice of API is left alone.
+    """
+    backends = torch.backends
+    backend = backends.cuda.matmul if device.type == "cuda" else backends.mkldnn.matmul
+    mode = getattr(backend, "fp32_precision", None)
+    if mode is None:  # torch before the per-backend settings
+        return torch.get_float32_matmul_precision() == "highest"
+    if mode == "none":
+        mode = getattr(backends, "fp32_precision", "none")
+    return mode in ("ieee", "none")
+
+
 @contextlib.contextmanager
 def single_thread_lapack(device: torch.device) -> Iterator[None]:
     """Run CPU LAPACK calls (eigh) on one intra-op thread, then restore the thread count.

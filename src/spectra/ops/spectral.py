@@ -34,6 +34,7 @@ from spectra.ops._common import (
     check_matrix_input,
     check_threshold,
     compute_dtype,
+    fp32_products_are_ieee,
     single_thread_lapack,
     wide_view,
 )
@@ -60,10 +61,12 @@ POLAR_FP32_MAX_ALPHA = 1e5
 # σ/c ≲ 10·√(α/α_cap), which exist only for σ_max/c beyond 1e3 (float32) or 1e6 (float64).
 POLAR_MAX_ALPHA = {torch.float64: 1e12, torch.float32: 1e6}
 
-# Method "eigh" sums the float64 Gram matrix over GRAM_BLOCKS column blocks (of at least
-# GRAM_MIN_BLOCK columns), so that its float64 copy of X is an eighth of X at a time.
+# Method "eigh" sums the Gram matrix over GRAM_BLOCKS column blocks (of at least
+# GRAM_MIN_BLOCK columns), so that its scaled float64 copy of X is an eighth of X at a time.
+# It works in float32 while (σ_max/c)² ≤ EIGH_FP32_MAX_RATIO2 and in float64 beyond.
 GRAM_BLOCKS = 8
 GRAM_MIN_BLOCK = 64
+EIGH_FP32_MAX_RATIO2 = 1e4
 
 # Coefficients of the classic quintic Newton–Schulz iteration used by Muon
 # (K. Jordan et al., 2024): p(x) = a x + b x³ + c x⁵, 5 steps.
@@ -81,44 +84,76 @@ def _vector_rule(x: Tensor, weight_of_norm) -> Tensor:
     return (xw * weight_of_norm(r)).to(x.dtype)
 
 
-def _gram_eigh(Xw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Eigen-decomposition of the small-side Gram matrix, in float64.
+def _scaled_gram(Xw: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The small-side Gram matrix ``G = X̂X̂ᵀ`` in ``dtype``, with ``X̂ = X/s``.
 
-    Returns ``(Q, sigma, scale)``: the eigenvectors Q of ``X̂X̂ᵀ`` where
-    ``X̂ = X/scale`` and ``scale = max|X|`` per matrix, and the singular values
-    ``sigma = scale·√μ`` of X (as float64). Normalising by the largest entry keeps
-    the Gram matrix finite for entries anywhere in the float range. The Gram matrix is
-    summed over column blocks, so that no whole float64 copy of X is made.
+    ``s`` is a power of two near ``max|X|`` per matrix (float64, shape ``(..., 1, 1)``), so the
+    scaling is exact and G stays finite for entries anywhere in the float range. In float32,
+    when every ``1/s`` is a normal float32 number, X̂ is formed directly in float32; otherwise
+    (and in float64) the scaled copy is made in float64, over column blocks so that it is an
+    eighth of X at a time.
     """
-    dims = (-2, -1)
-    scale = torch.maximum(Xw.amax(dim=dims, keepdim=True), -Xw.amin(dim=dims, keepdim=True))
-    scale = scale.to(torch.float64)
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale = _pow2_scale(Xw)
+    if dtype == torch.float32:
+        inv = scale.reciprocal()
+        if bool(((inv >= 2.0**-120) & (inv <= 2.0**120)).all()):
+            Xh = Xw.to(torch.float32) * inv.to(torch.float32)
+            return Xh @ Xh.mT, scale
     n = Xw.shape[-1]
     block = max(GRAM_MIN_BLOCK, -(-n // GRAM_BLOCKS))
     G = None
     for j in range(0, n, block):
-        Xh = Xw[..., j : j + block].to(torch.float64, copy=True).div_(safe)
+        Xh = (Xw[..., j : j + block].to(torch.float64) / scale).to(dtype)
         G = Xh @ Xh.mT if G is None else G.add_(Xh @ Xh.mT)
         del Xh
+    return G, scale
+
+
+def _eigh(G: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigenvectors Q of G and the singular values ``s·√μ`` of X (float64, ascending)."""
     with single_thread_lapack(G.device):
         mu, Q = torch.linalg.eigh(G)
-    sigma = mu.clamp_min(0.0).sqrt() * safe.squeeze(-1)
-    return Q, sigma, safe
+    return Q, mu.to(torch.float64).clamp_min(0.0).sqrt() * scale.squeeze(-1)
 
 
-def _spectral_map_eigh(X: Tensor, weight) -> Tensor:
+def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = None) -> Tensor:
     """``X ↦ U diag(σ·w(σ)) Vᵀ`` through the eigen-decomposition of the small Gram matrix.
 
-    ``weight(sigma)`` returns ``w(σ) = φ(σ)/σ`` as float64. The result is ``K X`` with
-    ``K = Q diag(w) Qᵀ`` formed in float64 and applied in the working precision.
+    ``weight(sigma)`` returns ``w(σ) = φ(σ)/σ`` as float64 for a clip at threshold ``c``. The
+    result is ``K X`` with ``K = Q diag(w) Qᵀ``.
+
+    Precision is chosen from the input when ``dtype`` is None: float32 while every matrix of
+    the batch has ``(σ_max/c)² ≤ EIGH_FP32_MAX_RATIO2``, float64 beyond (and for float64
+    input, and where float32 products run in TF32 or bf16). Rounding the float32 Gram matrix
+    and its eigh moves every eigenvalue by about ``ε₃₂·σ²_max``, which changes the clip's
+    weights by up to about ``ε₃₂·σ²_max/(2c²)``; the measured error grows like
+    ``1e-7·(σ_max/c)²`` (docs/operators.md), so the bound keeps it near 1e-3. The largest row
+    norm of X bounds σ_max from below, so a batch that clearly needs float64 goes there
+    directly; otherwise the float32 eigenvalues decide.
     """
     Xw, transposed = wide_view(X)
-    Q, sigma, _ = _gram_eigh(Xw)
-    wd = compute_dtype(Xw)
-    K = ((Q * weight(sigma).unsqueeze(-2)) @ Q.mT).to(wd)
+    wd = dtype or compute_dtype(Xw)
+    if dtype is None and wd == torch.float32 and not fp32_products_are_ieee(Xw.device):
+        wd = torch.float64  # TF32 or bf16 float32 products cannot form the Gram matrix
+    limit = EIGH_FP32_MAX_RATIO2 * c * c
+    if dtype is None and wd == torch.float32 and Xw.numel():
+        # σ_max ≥ the largest row norm: a batch that clearly needs float64 goes there first
+        rows = torch.linalg.vector_norm(Xw, dim=-1).to(torch.float64)
+        if bool(rows.square().amax() > limit):
+            wd = torch.float64
+    G, scale = _scaled_gram(Xw, wd)
+    eig = None
+    if dtype is None and wd == torch.float32 and G.numel():
+        eig = _eigh(G, scale)
+        if bool(eig[1][..., -1].square().amax() > limit):
+            eig = None
+            wd = torch.float64
+            G, scale = _scaled_gram(Xw, wd)
+    Q, sigma = eig if eig is not None else _eigh(G, scale)
+    del G
+    K = ((Q * weight(sigma).to(wd).unsqueeze(-2)) @ Q.mT).to(compute_dtype(Xw))
     del Q
-    Y = (K @ Xw.to(wd)).to(X.dtype)
+    Y = (K @ Xw.to(K.dtype)).to(X.dtype)
     return Y.mT if transposed else Y
 
 
@@ -192,7 +227,7 @@ def soft_clip(
     if X.dim() == 1:
         return _vector_rule(X, lambda r: torch.hypot(torch.ones_like(r), r / c).reciprocal())
     if method == "eigh":
-        return _spectral_map_eigh(X, _soft_weight(c))
+        return _spectral_map_eigh(X, c, _soft_weight(c), ns_dtype)
     if method == "svd":
         return _spectral_map_svd(X, lambda s: s * _soft_weight(c)(s))
     raise ValueError(
@@ -225,7 +260,10 @@ class _PolarPlan:
 def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> _PolarPlan:
     """Scale, Gram matrices, α bound, working precision and schedule for ``soft_clip_polar``."""
     scale = _pow2_scale(Xw)
-    gram_dtype = torch.float64 if (Xw.dtype == torch.float64 or dtype == torch.float64) else None
+    exact = Xw.dtype == torch.float64 or dtype == torch.float64
+    if dtype is None and not fp32_products_are_ieee(Xw.device):
+        exact = True  # TF32 or bf16 float32 products cannot form the Gram matrix
+    gram_dtype = torch.float64 if exact else None
 
     def gram(gd: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         Xh = (Xw.to(torch.float64) / scale).to(gd)  # exact: scale is a power of two
@@ -247,10 +285,17 @@ def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> 
     w_id = torch.where(torch.isinf(r), torch.zeros_like(w_id), w_id)
     lam_safe = torch.where(lam > 0, lam, torch.ones_like(lam))
     w_g = torch.where(lam > 0, (1.0 - w_id) / lam_safe, torch.zeros_like(lam))
-    alpha_max = float((1.0 / w_id.clamp_min(1e-300)).max())  # one host sync per call
+    # The one host synchronisation of a call: α for the schedule, and whether the input was
+    # finite (an inf or nan entry makes the scale or the Gram matrix non-finite).
+    finite = torch.isfinite(scale).all() & torch.isfinite(lam).all()
+    alpha_max, ok = torch.stack(
+        [(1.0 / w_id.clamp_min(1e-300)).max(), finite.to(torch.float64)]
+    ).tolist()
+    if not ok:
+        check_finite(Xw)
     if dtype is not None:
         wd = dtype
-    elif Xw.dtype == torch.float64 or alpha_max > POLAR_FP32_MAX_ALPHA:
+    elif gram_dtype == torch.float64 or alpha_max > POLAR_FP32_MAX_ALPHA:
         wd = torch.float64
     else:
         wd = torch.float32
@@ -290,7 +335,11 @@ def soft_clip_polar(
     arithmetic for ``σ_max/c ≤ 1e10``.
 
     Working precision ``dtype``: by default float32 when ``α ≤ 1e5`` and float64 beyond (the
-    float32 Gram matrix's rounding grows like ``ε₃₂·α``); float64 input always uses float64.
+    float32 Gram matrix's rounding grows like ``ε₃₂·α``); float64 input always uses float64,
+    and so does a device whose float32 products run in TF32 or bf16 (on an H100 or A100 float64
+    products run at the IEEE float32 rate). A call synchronises with the host once, to read α
+    for the schedule and whether the input was finite; the optimizers call it once per batch
+    of same-shaped matrices.
     The Gram matrix and ``G²`` are accumulated in float32 at least (bf16/fp16 are upcast).
 
     Cost for ``K`` steps: the Gram matrix and the final product (``2m²n`` flops each), ``G²``,
@@ -299,7 +348,6 @@ def soft_clip_polar(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    check_finite(X)
     if not (math.isfinite(tol) and 1e-6 <= tol < 1):
         raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
     if X.dim() == 1:
@@ -307,7 +355,7 @@ def soft_clip_polar(
     Xw, transposed = wide_view(X)
     if Xw.numel() == 0:
         return X.clone()
-    plan = _polar_plan(Xw, c, tol, dtype)
+    plan = _polar_plan(Xw, c, tol, dtype)  # also rejects non-finite input
     Xh, G, G2, wd, coeffs = plan.Xh, plan.G, plan.G2, plan.dtype, plan.coeffs
     w_id, w_g, r, lam_safe, scale = plan.w_id, plan.w_g, plan.r, plan.lam_safe, plan.scale
     wi, wg = w_id[..., None, None], w_g[..., None, None]
@@ -401,7 +449,7 @@ def hard_clip(X: Tensor, c: float, *, method: HardClipMethod = "auto") -> Tensor
     if method == "auto":
         method = _default_hard_method(X)
     if method == "eigh":
-        return _spectral_map_eigh(X, _hard_weight(c))
+        return _spectral_map_eigh(X, c, _hard_weight(c))
     if method == "svd":
         return _spectral_map_svd(X, lambda s: s.clamp(max=c))
     raise ValueError(f"unknown hard_clip method {method!r}; expected auto, eigh or svd")

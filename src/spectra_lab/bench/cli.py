@@ -14,6 +14,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ops": ("spectra_lab.bench.ops", "time and accuracy of the spectral operators"),
     "optim": ("spectra_lab.bench.optim", "time and memory per step of the optimizers"),
     "dist": ("spectra_lab.bench.dist", "the spectral work divided among DDP ranks"),
+    "gpu-model": (
+        "spectra_lab.bench.gpu_model",
+        "flop and launch-count model of soft clipping on an H100 (not a measurement)",
+    ),
+    "record-inputs": (
+        "spectra_lab.bench.inputs",
+        "record update directions from real cpu-small runs for bench ops",
+    ),
 }
 
 

@@ -1,9 +1,13 @@
 """``spectra bench ops``: time and accuracy of the spectral operators side by side.
 
-For every shape, input dtype and input kind, each method runs on the same matrix; the table
-reports the median time over repeats, the ratio to the paper's Algorithm 1 (N_s = 10, float32
-working precision) measured in the same cell, and the relative Frobenius error against the
-float64 SVD of the same (dtype-rounded) input.
+Inputs are synthetic (Adam-like with a spike at σ = 10³·c, sign-like, Gaussian, at the
+paper's 124M shapes) and recorded: the AdamW, Signum and AdEMAMix update directions of real
+``cpu-small`` runs (:mod:`spectra_lab.bench.inputs`), where σ_max/c is what training
+produces. For every input and dtype each method runs on the same matrix; the table reports
+the median time over repeats, the ratios to the paper's Algorithm 1 (N_s = 10) in bfloat16
+and in float32 measured in the same cell, and the relative Frobenius error against the float64
+SVD of the same (dtype-rounded) input. A summary gives each method's median ratios and worst
+error, and ``--plot`` draws error against time.
 """
 
 from __future__ import annotations
@@ -46,8 +50,16 @@ class Cell:
     method: str
     time_ms: float
     runs: int
+    vs_paper_bf16: float  # nan where the paper's bf16 run was skipped
     vs_paper_fp32: float
     rel_err: float
+    sigma_over_c: float  # σ_max/c of the (dtype-rounded) input
+
+
+#: ``--paper-bf16 auto`` runs the paper's bf16 method on a matrix only when its estimated
+#: time (its flops at the measured bf16 matmul rate of the device) fits the cell budget: on
+#: CPUs without bf16 units a bf16 product runs about 100x slower than float32.
+PAPER_BF16_MODES = ("auto", "always", "never")
 
 
 def make_input(kind: str, shape: tuple[int, ...], seed: int = 0) -> Tensor:
@@ -81,7 +93,7 @@ def references(X: Tensor, c: float) -> dict[str, Tensor]:
     with single_thread_lapack(X.device):
         U, S, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
     soft = (U * (S / torch.sqrt(1.0 + (S / c) ** 2)).unsqueeze(-2)) @ Vh
-    return {"soft": soft, "orth": U @ Vh}
+    return {"soft": soft, "orth": U @ Vh, "sigma": S.reshape(-1, S.shape[-1])}
 
 
 def rel_err(Y: Tensor, ref: Tensor) -> float:
@@ -93,17 +105,50 @@ def methods(c: float) -> dict[str, tuple[str, Callable[[Tensor], Tensor]]]:
     """name -> (which reference it is compared with, function)."""
     return {
         "auto": ("soft", lambda X: soft_clip(X, c)),
+        "eigh": ("soft", lambda X: soft_clip(X, c, method="eigh")),
+        "eigh64": ("soft", lambda X: soft_clip(X, c, method="eigh", ns_dtype=torch.float64)),
         "polar": ("soft", lambda X: soft_clip(X, c, method="polar")),
-        "paper_fp32": ("soft", lambda X: soft_clip(X, c, method="paper", ns_dtype=torch.float32)),
         "paper_bf16": (
             "soft",
             lambda X: soft_clip(X, c, method="paper", ns_dtype=torch.bfloat16),
         ),
-        "eigh": ("soft", lambda X: soft_clip(X, c, method="eigh")),
+        "paper_fp32": ("soft", lambda X: soft_clip(X, c, method="paper", ns_dtype=torch.float32)),
         "svd": ("soft", lambda X: soft_clip(X, c, method="svd")),
         "orth_muon": ("orth", lambda X: orthogonalize(X, method="muon")),
         "orth_polar_express": ("orth", lambda X: orthogonalize(X, method="polar_express")),
     }
+
+
+def matmul_rate(dtype: torch.dtype, device: torch.device, size: int = 256) -> float:
+    """Measured flop/s of one ``size``-cubed matrix product in ``dtype`` (median of 3)."""
+    A = torch.randn(size, size, device=device).to(dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    A @ A
+    times = []
+    for _ in range(3):
+        sync()
+        t0 = time.perf_counter()
+        A @ A
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / max(statistics.median(times), 1e-9)
+
+
+def synthetic_inputs(
+    shapes: dict[str, tuple[int, ...]], kinds: tuple[str, ...]
+) -> list[tuple[str, str, Tensor]]:
+    """``(shape label, input label, float64 matrix)`` for every shape and synthetic kind."""
+    return [(name, kind, make_input(kind, shapes[name])) for name in shapes for kind in kinds]
+
+
+def recorded_inputs(path: str | None = None) -> list[tuple[str, str, Tensor]]:
+    """The update directions recorded from real ``cpu-small`` runs (``bench record-inputs``)."""
+    from spectra_lab.bench.inputs import DEFAULT_FILE, load
+
+    found = load(path or DEFAULT_FILE)
+    return [
+        ("x".join(map(str, U.shape)), key, U.to(torch.float64)) for key, U in sorted(found.items())
+    ]
 
 
 def _timed(fn: Callable[[Tensor], Tensor], X: Tensor, repeats: int, budget_s: float):
@@ -125,43 +170,96 @@ def _timed(fn: Callable[[Tensor], Tensor], X: Tensor, repeats: int, budget_s: fl
 
 
 def run_bench(
-    shapes: dict[str, tuple[int, ...]],
+    inputs: list[tuple[str, str, Tensor]],
     dtypes: dict[str, torch.dtype],
-    inputs: tuple[str, ...],
     repeats: int,
     budget_s: float,
     device: torch.device,
     progress: bool = True,
     only: tuple[str, ...] | None = None,
+    paper_bf16: str = "auto",
 ) -> list[Cell]:
+    """Every method on every (input, dtype), side by side; see the module docstring."""
     from tqdm import tqdm
 
     c = CLIP_C
     table = {k: v for k, v in methods(c).items() if only is None or k in only}
+    if paper_bf16 == "never":
+        table.pop("paper_bf16", None)
+    bf16_rate = matmul_rate(torch.bfloat16, device) if "paper_bf16" in table else math.inf
     cells: list[Cell] = []
-    jobs = [(s, d, k) for s in shapes for d in dtypes for k in inputs]
-    bar = tqdm(total=len(jobs) * len(table), disable=not progress, desc="bench ops")
-    for shape_name, dtype_name, kind in jobs:
-        X = make_input(kind, shapes[shape_name]).to(DTYPES[dtype_name]).to(device)
-        refs = references(X, c)
-        row: list[tuple[str, float, int, float]] = []
-        for name, (ref_kind, fn) in table.items():
-            bar.set_postfix_str(f"{shape_name} {dtype_name} {kind} {name}")
-            Y, t, n = _timed(fn, X, repeats, budget_s)
-            row.append((name, t, n, rel_err(Y, refs[ref_kind])))
-            bar.update()
-        t_paper = next((t for name, t, _, _ in row if name == "paper_fp32"), math.nan)
-        for name, t, n, err in row:
-            cells.append(Cell(shape_name, dtype_name, kind, name, 1e3 * t, n, t / t_paper, err))
+    bar = tqdm(total=len(inputs) * len(dtypes) * len(table), disable=not progress, desc="ops")
+    for shape_name, kind, X64 in inputs:
+        for dtype_name, dtype in dtypes.items():
+            X = X64.to(dtype).to(device)
+            refs = references(X, c)
+            sigma_over_c = float(refs["sigma"].max()) / c if refs["sigma"].numel() else 0.0
+            row: list[tuple[str, float, int, float]] = []
+            for name, (ref_kind, fn) in table.items():
+                bar.set_postfix_str(f"{shape_name} {dtype_name} {kind} {name}")
+                bar.update()
+                if name == "paper_bf16" and paper_bf16 == "auto":
+                    estimate = matmul_flops("paper", tuple(X.shape)) / bf16_rate
+                    if estimate > budget_s:
+                        continue
+                Y, t, n = _timed(fn, X, repeats, budget_s)
+                row.append((name, t, n, rel_err(Y, refs[ref_kind])))
+            times = {name: t for name, t, _, _ in row}
+            t_bf16 = times.get("paper_bf16", math.nan)
+            t_fp32 = times.get("paper_fp32", math.nan)
+            for name, t, n, err in row:
+                cells.append(
+                    Cell(
+                        shape_name, dtype_name, kind, name, 1e3 * t, n,
+                        t / t_bf16, t / t_fp32, err, sigma_over_c,
+                    )
+                )  # fmt: skip
     bar.close()
     return cells
 
 
+def pareto_plot(cells: list[Cell], path: str) -> None:
+    """Error against time (÷ the paper's fp32 run in the same cell), one colour per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spectra_lab.files import atomic_path
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = [n for n in dict.fromkeys(c.method for c in cells) if not n.startswith("orth")]
+    for name in names:
+        pts = [c for c in cells if c.method == name and math.isfinite(c.vs_paper_fp32)]
+        xs = [c.vs_paper_fp32 for c in pts]
+        ys = [max(c.rel_err, 1e-9) for c in pts]
+        (line,) = ax.plot(xs, ys, "o", alpha=0.35, ms=4)
+        if xs:
+            ax.plot(
+                statistics.median(xs), statistics.median(ys), "*", ms=14,
+                color=line.get_color(), markeredgecolor="k", label=name,
+            )  # fmt: skip
+    ax.axhline(1e-2, color="k", lw=0.8, ls="--")
+    ax.text(ax.get_xlim()[0], 1.15e-2, " accuracy bar 1e-2", fontsize=8, va="bottom")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("time ÷ the paper's Algorithm 1 in fp32 (same matrix)")
+    ax.set_ylabel("relative Frobenius error vs float64 SVD")
+    ax.set_title("soft clipping: error against time (dots: inputs; stars: medians)")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    suffix = path.rsplit(".", 1)[-1] if "." in path else "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=suffix, dpi=120)
+    plt.close(fig)
+
+
 def to_markdown(cells: list[Cell]) -> str:
-    """One line per (shape, dtype, input); each method's cell is ``ms (×paper_fp32) err``."""
+    """One line per (shape, dtype, input); a method's cell is ``ms (×paper bf16, ×paper fp32)
+    error``, with ``-`` where the paper's bf16 run was skipped."""
     names = list(dict.fromkeys(cell.method for cell in cells))
-    head = "| shape | dtype | input | " + " | ".join(names) + " |"
-    sep = "|" + "---|" * (3 + len(names))
+    head = "| shape | dtype | input | σ_max/c | " + " | ".join(names) + " |"
+    sep = "|" + "---|" * (4 + len(names))
     lines = [head, sep]
     groups: dict[tuple[str, str, str], dict[str, Cell]] = {}
     for cell in cells:
@@ -169,9 +267,35 @@ def to_markdown(cells: list[Cell]) -> str:
     for (shape, dtype, kind), by_name in groups.items():
         parts = []
         for name in names:
-            cell = by_name[name]
-            parts.append(f"{cell.time_ms:.4g} ms (×{cell.vs_paper_fp32:.2f}) {cell.rel_err:.1e}")
-        lines.append(f"| {shape} | {dtype} | {kind} | " + " | ".join(parts) + " |")
+            cell = by_name.get(name)
+            if cell is None:
+                parts.append("skipped")
+                continue
+            bf = "-" if math.isnan(cell.vs_paper_bf16) else f"{cell.vs_paper_bf16:.3g}"
+            parts.append(
+                f"{cell.time_ms:.4g} ms (×{bf}, ×{cell.vs_paper_fp32:.2f}) {cell.rel_err:.1e}"
+            )
+        s_over_c = next(iter(by_name.values())).sigma_over_c
+        lines.append(f"| {shape} | {dtype} | {kind} | {s_over_c:.3g} | " + " | ".join(parts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary(cells: list[Cell]) -> str:
+    """Per method: median and worst time ratios and the worst error, over all cells."""
+    lines = [
+        "| method | cells | median ×paper bf16 | median ×paper fp32 | max ×paper fp32 "
+        "| max error |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in dict.fromkeys(c.method for c in cells):
+        mine = [c for c in cells if c.method == name]
+        bf = [c.vs_paper_bf16 for c in mine if not math.isnan(c.vs_paper_bf16)]
+        fp = [c.vs_paper_fp32 for c in mine if not math.isnan(c.vs_paper_fp32)]
+        med_bf = f"{statistics.median(bf):.3g}" if bf else "-"
+        med_fp = f"{statistics.median(fp):.2f}" if fp else "-"
+        max_fp = f"{max(fp):.2f}" if fp else "-"
+        worst = max(c.rel_err for c in mine)
+        lines.append(f"| {name} | {len(mine)} | {med_bf} | {med_fp} | {max_fp} | {worst:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -230,21 +354,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=list(SHAPES),
         default=None,
-        help="subset of shapes (default: all)",
+        help="subset of shapes of the synthetic inputs (default: all)",
     )
     parser.add_argument(
         "--dtypes", nargs="+", choices=list(DTYPES), default=None, help="input dtypes"
     )
-    parser.add_argument("--inputs", nargs="+", choices=INPUTS, default=None, help="input kinds")
+    parser.add_argument(
+        "--inputs",
+        nargs="+",
+        choices=(*INPUTS, "recorded"),
+        default=None,
+        help="synthetic kinds and/or 'recorded' (directions from real cpu-small runs); "
+        "default: all",
+    )
+    parser.add_argument(
+        "--inputs-file", default=None, help="recorded directions (default: the shipped file)"
+    )
     parser.add_argument(
         "--budget", type=float, default=20.0, help="stop repeating a cell after this many s"
     )
     parser.add_argument(
         "--methods", nargs="+", choices=list(methods(1.0)), default=None, help="subset"
     )
+    parser.add_argument(
+        "--paper-bf16",
+        choices=PAPER_BF16_MODES,
+        default="auto",
+        help="run the paper's bf16 method: auto (where its estimated time fits --budget), "
+        "always, never",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one repeat")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if any)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (1 is robust to a busy CPU)"
+    )
     parser.add_argument("--out", default=None, help="write the table to FILE (.json or .md)")
+    parser.add_argument("--plot", default=None, help="write the error-vs-time figure (.png)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument(
         "--flops", action="store_true", help="print the matmul flop counts only (no timing)"
@@ -257,32 +402,56 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_int("--repeats", args.repeats, low=1)
         check_number("--budget", args.budget, low=0.0, low_open=True)
+        check_int("--threads", args.threads, low=1, none_ok=True)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.quick:
         shapes, repeats = dict(QUICK_SHAPES), 1
     else:
         names = args.shapes or list(SHAPES)
         shapes, repeats = {n: SHAPES[n] for n in names}, args.repeats
     dtypes = {n: DTYPES[n] for n in (args.dtypes or list(DTYPES))}
-    inputs = tuple(args.inputs or INPUTS)
+    kinds = tuple(args.inputs or (*INPUTS, "recorded"))
+    synthetic = tuple(k for k in kinds if k != "recorded")
     device_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device_name.startswith("cuda") and not torch.cuda.is_available():
         raise CLIError(f"--device {device_name}: CUDA is not available")
     device = torch.device(device_name)
     if args.flops:
-        print(flop_table(shapes, inputs), end="")
+        print(flop_table(shapes, synthetic), end="")
         return 0
+    inputs = synthetic_inputs(shapes, synthetic)
+    if "recorded" in kinds:
+        try:
+            inputs += recorded_inputs(args.inputs_file)
+        except FileNotFoundError as exc:
+            raise CLIError(str(exc)) from None
     only = tuple(args.methods) if args.methods else None
     cells = run_bench(
-        shapes, dtypes, inputs, repeats, args.budget, device, not args.no_progress, only
+        inputs,
+        dtypes,
+        repeats,
+        args.budget,
+        device,
+        not args.no_progress,
+        only,
+        paper_bf16=args.paper_bf16,
     )
+    rates = {
+        name: matmul_rate(dt, device) / 1e9
+        for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))
+    }
     header = (
         f"device={device_name} threads={torch.get_num_threads()} torch={torch.__version__} "
-        f"c={CLIP_C} repeats<={repeats}\n"
+        f"c={CLIP_C} repeats<={repeats} matmul GFLOP/s: bf16 {rates['bf16']:.0f}, "
+        f"fp32 {rates['fp32']:.0f}\n"
     )
-    text = to_markdown(cells)
+    text = to_markdown(cells) + "\n" + summary(cells)
     print(header + "\n" + text, end="")
+    if args.plot:
+        pareto_plot(cells, args.plot)
     if args.out:
         if args.out.endswith(".json"):
             payload = {
@@ -290,6 +459,7 @@ def run(args: argparse.Namespace) -> int:
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
                 "clip_c": CLIP_C,
+                "matmul_gflops": rates,
                 "cells": [asdict(cell) for cell in cells],
             }
             atomic_write(args.out, json.dumps(payload, indent=1) + "\n")

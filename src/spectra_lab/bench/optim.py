@@ -7,9 +7,15 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
 * ``spectra-adamw``: ``spectra.AdamW(clip_c=10)`` (the native, chunked and batched step);
 * ``spectra-wrap``: ``spectra.Spectra(torch.optim.AdamW(...), clip_c=10)``;
 * ``spectra-noclip`` (only on request): ``spectra.AdamW(clip_c=None)``;
-* ``paper-wrap``: the clone-and-subtract wrapper of the paper's code, reimplemented: clone every
-  matrix, call the base step, recover ``U = (X_k − X_{k+1})/η − λX_k`` and loop over the
-  matrices calling ``spectra.ops.soft_clip_paper`` with N_s = 10.
+* ``paper-wrap-bf16``, ``paper-wrap-fp32``: the clone-and-subtract wrapper of the paper's
+  code, reimplemented: clone every matrix, call the base step, recover
+  ``U = (X_k − X_{k+1})/η − λX_k`` and loop over the matrices calling
+  ``spectra.ops.soft_clip_paper`` with N_s = 10, in bfloat16 (the paper code's default) or
+  float32.
+
+By default ``paper-wrap-bf16`` runs only where bfloat16 products are fast: where a measured
+bf16 matrix product runs at less than half the float32 rate (CPUs without bf16 units run it
+about 100x slower), it is skipped with a line that says so; ``--methods`` forces it.
 
 Time: median wall time of ``step()`` over ``--repeats`` steps after ``--warmup`` steps (the
 gradients are fixed random tensors; CUDA is synchronised around each step).
@@ -41,7 +47,7 @@ from spectra.validate import check_int
 from spectra_lab.cli import CLIError
 from spectra_lab.files import atomic_write
 
-METHODS = ("torch-adamw", "spectra-adamw", "spectra-wrap", "paper-wrap")
+METHODS = ("torch-adamw", "spectra-adamw", "spectra-wrap", "paper-wrap-bf16", "paper-wrap-fp32")
 #: Extra method: the native step without the clip, to separate the step's own cost from the
 #: operator's.
 EXTRA_METHODS = ("spectra-noclip",)
@@ -74,8 +80,14 @@ class PaperWrapper:
     (``soft_clip_paper``, N_s Newton–Schulz steps), one matrix at a time.
     """
 
-    def __init__(self, base: torch.optim.Optimizer, clip_c: float, ns_steps: int = 10):
-        self.base, self.clip_c, self.ns_steps = base, clip_c, ns_steps
+    def __init__(
+        self,
+        base: torch.optim.Optimizer,
+        clip_c: float,
+        ns_steps: int = 10,
+        dtype: torch.dtype = torch.bfloat16,
+    ):
+        self.base, self.clip_c, self.ns_steps, self.dtype = base, clip_c, ns_steps, dtype
 
     @torch.no_grad()
     def step(self) -> None:
@@ -88,7 +100,7 @@ class PaperWrapper:
         for p, group, x in saved:
             lr, wd = float(group["lr"]), float(group["weight_decay"])
             U = (x - p) / lr - wd * x
-            Y = soft_clip_paper(U, self.clip_c, ns_steps=self.ns_steps)
+            Y = soft_clip_paper(U, self.clip_c, ns_steps=self.ns_steps, dtype=self.dtype)
             alpha = max(1.0, p.shape[0] / p.shape[1]) ** 0.5
             p.copy_((1 - wd * lr) * x - lr * alpha * Y)
 
@@ -160,8 +172,9 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
         return so.AdamW(params, clip_c=None, **kw)
     if method == "spectra-wrap":
         return so.Spectra(torch.optim.AdamW(params, foreach=True, **kw), clip_c=clip_c)
-    if method == "paper-wrap":
-        return PaperWrapper(torch.optim.AdamW(params, foreach=True, **kw), clip_c)
+    if method in ("paper-wrap-bf16", "paper-wrap-fp32"):
+        dtype = torch.bfloat16 if method.endswith("bf16") else torch.float32
+        return PaperWrapper(torch.optim.AdamW(params, foreach=True, **kw), clip_c, dtype=dtype)
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS + EXTRA_METHODS}")
 
 
@@ -235,12 +248,18 @@ def run_benchmark(
         if progress is not None:
             progress(row)
         rows.append(row)
-    base = next((r for r in rows if r["method"] == "torch-adamw"), None)
-    if base is not None:
-        for r in rows:
+    by_name = {r["method"]: r for r in rows}
+    base = by_name.get("torch-adamw")
+    for r in rows:
+        if base is not None:
             r["time_ratio"] = r["step_s"] / base["step_s"]
             if measure_memory:
                 r["peak_ratio"] = r["peak_bytes"] / base["peak_bytes"]
+        for paper in ("paper-wrap-bf16", "paper-wrap-fp32"):
+            if paper in by_name:
+                r[f"vs_{paper.removeprefix('paper-wrap-')}"] = (
+                    r["step_s"] / by_name[paper]["step_s"]
+                )
     return {
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
@@ -255,22 +274,40 @@ def run_benchmark(
 
 def format_table(report: dict[str, Any]) -> str:
     mib = 1 << 20
+    nan = float("nan")
     lines = [
         f"device {report['device']}, {report['dtype']}, {report['num_params'] / 1e6:.1f}M "
         f"parameters in {report['num_tensors']} tensors, median of {report['repeats']} steps, "
         f"{report['threads']} threads, torch {report['torch']}",
-        f"{'method':<15}{'step (s)':>10}{'x torch':>9}{'peak MiB':>10}{'x torch':>9}"
-        f"{'transient MiB':>15}",
+        f"{'method':<17}{'step (s)':>10}{'x torch':>9}{'x paper bf16':>14}{'x paper fp32':>14}"
+        f"{'peak MiB':>10}{'x torch':>9}{'transient MiB':>15}",
     ]
     for r in report["rows"]:
-        line = f"{r['method']:<15}{r['step_s']:>10.3f}{r.get('time_ratio', float('nan')):>9.2f}"
+        line = (
+            f"{r['method']:<17}{r['step_s']:>10.3f}{r.get('time_ratio', nan):>9.2f}"
+            f"{r.get('vs_bf16', nan):>14.3f}{r.get('vs_fp32', nan):>14.3f}"
+        )
         if "peak_bytes" in r:
             line += (
-                f"{r['peak_bytes'] / mib:>10.0f}{r.get('peak_ratio', float('nan')):>9.3f}"
+                f"{r['peak_bytes'] / mib:>10.0f}{r.get('peak_ratio', nan):>9.3f}"
                 f"{r['transient_bytes'] / mib:>15.0f}"
             )
         lines.append(line)
+    for note in report.get("notes", []):
+        lines.append(note)
     return "\n".join(lines)
+
+
+def bf16_is_slow(device: torch.device) -> tuple[bool, float, float]:
+    """Whether a bf16 matrix product runs at under half the float32 rate on ``device``.
+
+    Returns ``(slow, bf16 GFLOP/s, fp32 GFLOP/s)`` measured on 256-cubed products.
+    """
+    from spectra_lab.bench.ops import matmul_rate
+
+    bf16 = matmul_rate(torch.bfloat16, device) / 1e9
+    fp32 = matmul_rate(torch.float32, device) / 1e9
+    return bf16 < 0.5 * fp32, bf16, fp32
 
 
 # --------------------------------------------------------------------------- CLI
@@ -282,7 +319,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=2048, help="SwiGLU hidden size (2048)")
     parser.add_argument("--vocab", type=int, default=50304, help="vocabulary size (50304)")
     parser.add_argument(
-        "--methods", nargs="+", choices=METHODS + EXTRA_METHODS, default=list(METHODS)
+        "--methods",
+        nargs="+",
+        choices=METHODS + EXTRA_METHODS,
+        default=None,
+        help="default: all but spectra-noclip (paper-wrap-bf16 only where bf16 is fast)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per method")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
@@ -308,9 +349,20 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
+    methods = tuple(args.methods or METHODS)
+    notes = []
+    if args.methods is None:
+        slow, bf16, fp32 = bf16_is_slow(torch.device(args.device))
+        if slow:
+            methods = tuple(m for m in methods if m != "paper-wrap-bf16")
+            notes.append(
+                f"paper-wrap-bf16 skipped: a bf16 matrix product runs at {bf16:.0f} GFLOP/s on "
+                f"{args.device} against {fp32:.0f} in float32 (no bf16 units); "
+                "--methods paper-wrap-bf16 runs it anyway"
+            )
     report = run_benchmark(
         shapes,
-        tuple(args.methods),
+        methods,
         device=args.device,
         dtype=getattr(torch, args.dtype),
         repeats=args.repeats,
@@ -319,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
         measure_memory=not args.no_memory,
         progress=lambda row: print(f"  done: {row}", file=sys.stderr, flush=True),
     )
+    report["notes"] = notes
     print(format_table(report), flush=True)
     if args.json:
         _write_json(args.json, report)

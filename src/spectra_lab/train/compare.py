@@ -1,5 +1,6 @@
-"""``spectra compare``: validation curves of several run directories in one figure, and
-with ``--downstream`` their ``spectra eval`` scores side by side in a table."""
+"""``spectra compare``: validation curves of several run directories in one figure, with each
+run's median step and optimizer-step time (and the ratio to the first run), and with
+``--downstream`` their ``spectra eval`` scores side by side in a table."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import csv
 import io
 import math
+import statistics
 from pathlib import Path
 
 from spectra_lab.cli import CLIError
@@ -65,6 +67,17 @@ def plot_comparison(runs: list[Path], labels: list[str], out: Path) -> list[tupl
     return finals
 
 
+def step_times(run: Path) -> tuple[float, float] | None:
+    """Median ``t_step`` and ``t_optimizer`` (s) over the run's train records after the first."""
+    records = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("kind") == "train"][1:]
+    if not records:
+        return None
+    return (
+        statistics.median(r["t_step"] for r in records),
+        statistics.median(r["t_optimizer"] for r in records),
+    )
+
+
 def downstream_table(runs: list[Path], labels: list[str]) -> list[list[str]]:
     """Header and rows ``[task, metric, shots, score of each run]`` ("" where a run lacks it)."""
     from spectra_lab.eval.cli import read_scores
@@ -109,8 +122,16 @@ def run(args: argparse.Namespace) -> int:
         for r in runs:
             if not (r / "metrics.jsonl").is_file():
                 raise CLIError(f"{r}: not a run directory (no metrics.jsonl)")
-        for label, final in plot_comparison(runs, labels, Path(args.out)):
-            print(f"{label}: final validation loss {final:.4f} | perplexity {math.exp(final):.2f}")
+        times = [step_times(r) for r in runs]
+        finals = plot_comparison(runs, labels, Path(args.out))
+        for (label, final), t in zip(finals, times, strict=True):
+            line = f"{label}: final validation loss {final:.4f} | perplexity {math.exp(final):.2f}"
+            if t is not None and times[0] is not None:
+                line += (
+                    f" | median step {t[0]:.3f} s (x{t[0] / times[0][0]:.3f} of {labels[0]}),"
+                    f" optimizer {t[1]:.3f} s"
+                )
+            print(line)
         print(f"wrote {args.out}")
     if args.downstream:
         rows = downstream_table(runs, labels)
