@@ -1,0 +1,1 @@
+"""``spectra sweep``: grids of training runs over seeds, resumable, with mean ± std reports."""

@@ -1,0 +1,144 @@
+"""A sweep's results: final validation loss per run, mean ± std over seeds, best lr, curves.
+
+``results.json`` holds one record per run (its point, seed, status and final validation loss)
+and one per group of runs that differ only in seed (mean, sample standard deviation, count);
+``results.md`` is the same as tables, with the best value of the tuned field (default ``lr``)
+per method; ``curves.png`` draws each group's validation loss, mean over seeds with a
+min–max band. All three are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from spectra_lab.files import atomic_path, atomic_write
+from spectra_lab.sweep.grid import Run, label, status
+from spectra_lab.train.metrics import read_jsonl
+
+
+def final_val_loss(run: Run) -> float | None:
+    summary = Path(run.config.out_dir) / "summary.json"
+    if status(run) != "done":
+        return None
+    value = json.loads(summary.read_text()).get("val_loss")
+    return float(value) if value is not None else None
+
+
+def curve(run: Run) -> list[tuple[int, float]]:
+    """The run's ``(step, val_loss)`` evaluations so far."""
+    records = read_jsonl(Path(run.config.out_dir) / "metrics.jsonl")
+    return [(r["step"], r["val_loss"]) for r in records if r.get("kind") == "eval"]
+
+
+def aggregate(runs: list[Run], tune: str = "lr") -> dict[str, Any]:
+    """Per-run records, per-group mean ± std over seeds, and the best ``tune`` per method."""
+    per_run = []
+    groups: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        loss = final_val_loss(run)
+        per_run.append(
+            {"name": run.name, "point": run.point, "seed": run.seed, "status": status(run),
+             "val_loss": loss}
+        )  # fmt: skip
+        g = groups.setdefault(run.group, {"point": run.point, "losses": [], "runs": 0})
+        g["runs"] += 1
+        if loss is not None:
+            g["losses"].append(loss)
+    summary = []
+    for name, g in groups.items():
+        losses = g["losses"]
+        summary.append(
+            {
+                "group": name,
+                "point": g["point"],
+                "seeds_done": len(losses),
+                "seeds": g["runs"],
+                "mean": statistics.fmean(losses) if losses else None,
+                "std": statistics.stdev(losses) if len(losses) > 1 else None,
+            }
+        )
+    best: dict[str, dict[str, Any]] = {}
+    for row in summary:
+        if tune not in row["point"] or row["mean"] is None:
+            continue
+        method = label({k: v for k, v in row["point"].items() if k != tune})
+        if method not in best or row["mean"] < best[method]["mean"]:
+            best[method] = {"method": method, tune: row["point"][tune], **row}
+    return {"tune": tune, "runs": per_run, "groups": summary, "best": list(best.values())}
+
+
+def _pm(mean: float | None, std: float | None, n: int, total: int) -> str:
+    if mean is None:
+        return f"– (0/{total} seeds)"
+    text = f"{mean:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+    return text + (f" ({n}/{total} seeds)" if n < total else f" (n={n})")
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    tune = report["tune"]
+    lines = ["| run group | final val loss, mean ± std over seeds |", "|---|---|"]
+    for g in report["groups"]:
+        lines.append(f"| {g['group']} | {_pm(g['mean'], g['std'], g['seeds_done'], g['seeds'])} |")
+    if report["best"]:
+        lines += ["", f"| method | best {tune} | final val loss |", "|---|---|---|"]
+        for b in report["best"]:
+            lines.append(
+                f"| {b['method']} | {b[tune]:g} | "
+                f"{_pm(b['mean'], b['std'], b['seeds_done'], b['seeds'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(runs: list[Run], report: dict[str, Any], path: Path) -> None:
+    """Validation loss per group: the mean over its seeds, and a min–max band.
+
+    Where a field is tuned, only each method's best group is drawn.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wanted = {b["group"] for b in report["best"]} or {g["group"] for g in report["groups"]}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for group in sorted(wanted):
+        curves = [dict(curve(r)) for r in runs if r.group == group]
+        steps = sorted(set().union(*curves)) if curves else []
+        xs, mean, lo, hi = [], [], [], []
+        for s in steps:
+            vals = [c[s] for c in curves if s in c]
+            if vals:
+                xs.append(s)
+                mean.append(statistics.fmean(vals))
+                lo.append(min(vals))
+                hi.append(max(vals))
+        if not xs:
+            continue
+        (line,) = ax.plot(xs, mean, label=f"{group} (n={len(curves)})")
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss")
+    ax.set_title("validation loss: mean over seeds, min–max band")
+    if ax.lines:
+        ax.legend(fontsize=7)
+        finite = [y for ln in ax.lines for y in ln.get_ydata() if math.isfinite(y)]
+        if finite:  # the early, very high losses would flatten the differences that matter
+            ax.set_ylim(min(finite) - 0.05, min(max(finite), min(finite) + 1.5))
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def write_report(runs: list[Run], out: Path, tune: str = "lr", plot: bool = True) -> dict:
+    """Write ``results.json``, ``results.md`` and (``plot``) ``curves.png`` under ``out``."""
+    report = aggregate(runs, tune)
+    atomic_write(out / "results.json", json.dumps(report, indent=1) + "\n")
+    atomic_write(out / "results.md", to_markdown(report))
+    if plot:
+        plot_curves(runs, report, out / "curves.png")
+    return report

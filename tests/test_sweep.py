@@ -1,0 +1,148 @@
+"""``spectra sweep``: grid expansion, skipping and resuming runs, aggregation over seeds."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spectra_lab.cli import main
+from spectra_lab.sweep.grid import SweepError, read_grid, status
+from spectra_lab.sweep.report import aggregate
+from spectra_lab.train.config import TrainConfig
+from spectra_lab.train.trainer import train
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train import write_dataset
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("data") / "markov", n_train=6000, n_val=2048)
+
+
+def base(dataset: Path, **kw) -> dict:
+    values = dict(
+        dataset=str(dataset), preset="tiny", seq_len=16, batch_size=4, steps=6, warmup_steps=1,
+        eval_interval=3, eval_batches=2, checkpoint_interval=3, keep_checkpoints=1,
+        plot=False, progress=False, device="cpu", optimizer="torch-adamw",
+    )  # fmt: skip
+    values.update(kw)
+    return values
+
+
+def write_grid(path: Path, **data) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_grid_expands_cases_times_grid_times_seeds(tmp_path, dataset):
+    grid = write_grid(
+        tmp_path / "g.yaml",
+        base=base(dataset),
+        cases=[{"optimizer": "adamw"}, {"optimizer": "spectra-adamw", "clip_c": 5.0}],
+        grid={"lr": [1e-3, 2e-3, 4e-3]},
+        seeds=[0, 1],
+    )
+    runs = read_grid(grid, tmp_path / "out")
+    assert len(runs) == 2 * 3 * 2
+    names = [r.name for r in runs]
+    assert len(set(names)) == len(names)
+    assert "optimizer=spectra-adamw,clip_c=5,lr=0.002,seed=1" in names
+    run = runs[names.index("optimizer=spectra-adamw,clip_c=5,lr=0.002,seed=1")]
+    assert (run.config.optimizer, run.config.clip_c, run.config.lr, run.config.seed) == (
+        "spectra-adamw",
+        5.0,
+        0.002,
+        1,
+    )
+    assert run.config.out_dir == str(tmp_path / "out" / "runs" / run.name)
+    assert run.config.steps == 6 and run.group == "optimizer=spectra-adamw,clip_c=5,lr=0.002"
+    assert all(status(r) == "new" for r in runs)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"grid": {"lrr": [1e-3]}}, "unknown config field 'lrr'"),
+        ({"grid": {"lr": [-1.0]}}, "'lr'"),
+        ({"grid": {"lr": 1e-3}}, "non-empty list"),
+        ({"grid": {"seed": [1, 2]}}, "under 'seeds'"),
+        ({"seeds": [1, 1]}, "repeats a seed"),
+        ({"sweep": {}}, "unknown key 'sweep'"),
+    ],
+)
+def test_bad_grid_files_give_one_line_errors(tmp_path, capsys, data, message):
+    grid = write_grid(tmp_path / "g.yaml", **data)
+    with pytest.raises(SweepError, match=message):
+        read_grid(grid, tmp_path / "out")
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message.strip("'") in err
+
+
+def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_path, dataset):
+    grid = write_grid(
+        tmp_path / "g.yaml", base=base(dataset), grid={"lr": [3e-3, 3e-2]}, seeds=[0, 1]
+    )
+    out = tmp_path / "sweep"
+    runs = read_grid(grid, out)
+    # One run was stopped half way: trained for 3 of its 6 steps, checkpoint at step 3.
+    partial = runs[0]
+    half = TrainConfig(**{**partial.config.to_dict(), "steps": 3})
+    train(half)
+    assert status(partial) == "partial"
+
+    argv = ["sweep", str(grid), "--out", str(out), "--workers", "2", "--threads", "1"]
+    assert main([*argv, "--no-plot"]) == 0
+    assert all(status(r) == "done" for r in runs)
+    # the resumed run went on from its checkpoint: one record per step, no repeats
+    steps = [
+        r["step"]
+        for r in map(json.loads, (Path(partial.config.out_dir) / "metrics.jsonl").open())
+        if r["kind"] == "train"
+    ]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+    # aggregation against the runs' own summaries
+    report = json.loads((out / "results.json").read_text())
+    for lr in (3e-3, 3e-2):
+        losses = [
+            json.loads((Path(r.config.out_dir) / "summary.json").read_text())["val_loss"]
+            for r in runs
+            if r.point["lr"] == lr
+        ]
+        (group,) = [g for g in report["groups"] if g["point"]["lr"] == lr]
+        assert group["mean"] == pytest.approx(statistics.fmean(losses))
+        assert group["std"] == pytest.approx(statistics.stdev(losses))
+        assert group["seeds_done"] == 2
+    (best,) = report["best"]
+    assert best["mean"] == min(g["mean"] for g in report["groups"])
+    assert "± " in (out / "results.md").read_text()
+
+    # a second invocation trains nothing: every summary stays as it was
+    stamps = {r.name: (Path(r.config.out_dir) / "summary.json").stat().st_mtime_ns for r in runs}
+    assert main(argv) == 0
+    assert stamps == {
+        r.name: (Path(r.config.out_dir) / "summary.json").stat().st_mtime_ns for r in runs
+    }
+    assert (out / "curves.png").stat().st_size > 0
+    assert (out / "grid.yaml").read_text() == grid.read_text()
+
+
+def test_aggregate_reports_missing_seeds_without_inventing_numbers(tmp_path, dataset):
+    grid = write_grid(tmp_path / "g.yaml", base=base(dataset), seeds=[0, 1, 2])
+    runs = read_grid(grid, tmp_path / "out")
+    train(runs[1].config)
+    report = aggregate(runs)
+    (group,) = report["groups"]
+    assert group["seeds_done"] == 1 and group["std"] is None
+    loss = json.loads((Path(runs[1].config.out_dir) / "summary.json").read_text())["val_loss"]
+    assert group["mean"] == pytest.approx(loss)
+    assert [r["status"] for r in report["runs"]] == ["new", "done", "new"]
