@@ -14,6 +14,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ops": ("spectra_lab.bench.ops", "time and accuracy of the spectral operators"),
     "optim": ("spectra_lab.bench.optim", "time and memory per step of the optimizers"),
     "dist": ("spectra_lab.bench.dist", "the spectral work divided among DDP ranks"),
+    "step": (
+        "spectra_lab.bench.step",
+        "a training step's time and the optimizer's share (the paper's timing table)",
+    ),
     "gpu-model": (
         "spectra_lab.bench.gpu_model",
         "flop and launch-count model of soft clipping on an H100 (not a measurement)",

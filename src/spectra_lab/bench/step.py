@@ -1,0 +1,170 @@
+"""``spectra bench step``: a training step's time, in the format of the paper's timing table.
+
+For each optimizer of the harness's registry, on a model preset with random tokens: the median
+total step time (forward, backward, global gradient clipping and ``optimizer.step()``), the
+optimizer step's time and share of it, and the overhead of the total against the base
+optimizer's (``spectra-adamw`` against ``adamw``, ``X + pre-clip`` against ``X``). That is
+the layout of "Enhancing LLM Training via Spectral Clipping", Table timing_combined (there on
+4×H100 at 160M and 780M).
+
+The model and optimizer are built exactly as ``spectra train`` builds them (same presets,
+parameter groups and recipes); the data are random tokens, since the step's time does not
+depend on them. On CUDA the step runs under bf16 autocast and is synchronised around each
+timed phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from spectra.validate import check_int, check_number
+from spectra_lab.cli import CLIError
+
+DEFAULT_OPTIMIZERS = ("adamw", "spectra-adamw", "signum", "spectra-signum")
+#: Vocabulary of the random tokens (the embedded corpus's default BPE size).
+VOCAB = 4096
+
+
+def base_of(name: str) -> str:
+    """The optimizer a row's overhead is measured against (itself for a base optimizer)."""
+    return name.removeprefix("spectra-")
+
+
+def time_optimizer(
+    name: str, preset: str, steps: int, warmup: int, batch_size: int, device: torch.device,
+    pre_clip_c: float | None = None, seed: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """Median total and optimizer-step seconds of ``steps`` timed steps after ``warmup``."""
+    from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.optimizers import build_optimizer, check_optimizer
+    from spectra_lab.train.trainer import build_lr_lambda, build_model
+
+    cfg = TrainConfig(
+        preset=preset, optimizer=name, batch_size=batch_size, steps=warmup + steps,
+        pre_clip_c=pre_clip_c, seed=seed, device=str(device),
+    )  # fmt: skip
+    check_optimizer(cfg)
+    model, model_cfg = build_model(cfg, VOCAB)
+    model.to(device)
+    optimizer = build_optimizer(model, cfg, build_lr_lambda(cfg))
+    params = [p for p in model.parameters() if p.requires_grad]
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch_size, model_cfg.seq_len + 1)
+    autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    totals, opt_times = [], []
+    for k in range(warmup + steps):
+        tokens = torch.randint(0, VOCAB, shape, generator=gen).to(device)
+        sync()
+        t0 = time.perf_counter()
+        with autocast:
+            _, loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
+        sync()
+        t1 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        t2 = time.perf_counter()
+        if k >= warmup:
+            totals.append(t2 - t0)
+            opt_times.append(t2 - t1)
+    label = name + (f" + pre-clip {pre_clip_c:g}" if pre_clip_c is not None else "")
+    return {
+        "optimizer": label,
+        "base": base_of(name),
+        "total_ms": 1e3 * statistics.median(totals),
+        "optimizer_ms": 1e3 * statistics.median(opt_times),
+        "parameters": sum(p.numel() for p in params),
+    }
+
+
+def run_benchmark(
+    optimizers: tuple[str, ...], preset: str, steps: int = 5, warmup: int = 2,
+    batch_size: int = 8, device: str | torch.device = "cpu", pre_clip_c: float | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per optimizer (and per optimizer with pre-clipping when ``pre_clip_c``)."""
+    device = torch.device(device)
+    rows = []
+    for name in optimizers:
+        rows.append(time_optimizer(name, preset, steps, warmup, batch_size, device))
+        if pre_clip_c is not None:
+            rows.append(time_optimizer(name, preset, steps, warmup, batch_size, device, pre_clip_c))
+    bases = {r["optimizer"]: r for r in rows}
+    for r in rows:
+        r["share"] = r["optimizer_ms"] / r["total_ms"]
+        base = bases.get(r["base"])
+        r["overhead"] = r["total_ms"] / base["total_ms"] - 1.0 if base is not None else None
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| optimizer | total (ms) | optimizer step (ms) | share | overhead vs base |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        over = "–" if r["overhead"] is None else f"{100 * r['overhead']:+.1f}%"
+        lines.append(
+            f"| {r['optimizer']} | {r['total_ms']:.1f} | {r['optimizer_ms']:.1f} "
+            f"| {100 * r['share']:.1f}% | {over} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from spectra_lab.train.optimizers import OPTIMIZERS
+
+    parser.add_argument("--preset", default="cpu-small", help="model preset (cpu-small)")
+    parser.add_argument(
+        "--optimizer", nargs="+", choices=sorted(OPTIMIZERS), default=list(DEFAULT_OPTIMIZERS),
+        metavar="OPT", help=f"optimizers of the registry (default: {' '.join(DEFAULT_OPTIMIZERS)})",
+    )  # fmt: skip
+    parser.add_argument("--pre-clip", type=float, default=None, help="also time X + pre-clip C")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        for name in ("steps", "batch_size"):
+            check_int(f"--{name.replace('_', '-')}", getattr(args, name), low=1)
+        check_int("--warmup", args.warmup, low=0)
+        check_int("--threads", args.threads, low=1, none_ok=True)
+        check_number("--pre-clip", args.pre_clip, low=0.0, low_open=True, none_ok=True)
+        from spectra_lab.model.llama import PRESETS
+
+        if args.preset not in PRESETS:
+            raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CLIError(f"--device {args.device}: CUDA is not available")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    rows = run_benchmark(
+        tuple(args.optimizer), args.preset, args.steps, args.warmup, args.batch_size,
+        args.device, args.pre_clip,
+    )  # fmt: skip
+    header = (
+        f"preset {args.preset} ({rows[0]['parameters'] / 1e6:.2f}M parameters), batch "
+        f"{args.batch_size}, device {args.device}, {torch.get_num_threads()} threads, median of "
+        f"{args.steps} steps"
+    )
+    print(format_table(rows, header), end="")
+    return 0

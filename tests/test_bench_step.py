@@ -1,0 +1,37 @@
+"""``spectra bench step``: rows, shares and overheads on the tiny preset (no timing asserts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectra_lab.bench.step import base_of, run_benchmark
+from spectra_lab.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_rows_hold_shares_and_overheads_against_the_base_optimizer():
+    rows = run_benchmark(("adamw", "spectra-adamw"), "tiny", steps=1, warmup=1, pre_clip_c=5.0)
+    assert [r["optimizer"] for r in rows] == [
+        "adamw",
+        "adamw + pre-clip 5",
+        "spectra-adamw",
+        "spectra-adamw + pre-clip 5",
+    ]
+    by_name = {r["optimizer"]: r for r in rows}
+    base = by_name["adamw"]
+    assert base["overhead"] == 0.0
+    for r in rows:
+        assert 0 < r["optimizer_ms"] < r["total_ms"]
+        assert r["share"] == pytest.approx(r["optimizer_ms"] / r["total_ms"])
+        assert r["overhead"] == pytest.approx(r["total_ms"] / base["total_ms"] - 1.0)
+    assert base_of("spectra-signum") == "signum" and base_of("dmuon") == "dmuon"
+
+
+def test_cli_prints_the_table_and_rejects_bad_input_in_one_line(capsys):
+    argv = ["bench", "step", "--preset", "tiny", "--steps", "1", "--warmup", "0"]
+    assert main([*argv, "--optimizer", "adamw"]) == 0
+    assert "| adamw |" in capsys.readouterr().out
+    assert main(["bench", "step", "--preset", "huge"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'huge'" in err
