@@ -13,7 +13,6 @@ import yaml
 from spectra_lab.cli import main
 from spectra_lab.sweep.grid import SweepError, read_grid, status
 from spectra_lab.sweep.report import aggregate
-from spectra_lab.train.config import TrainConfig
 from spectra_lab.train.trainer import train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -87,16 +86,24 @@ def test_bad_grid_files_give_one_line_errors(tmp_path, capsys, data, message):
     assert "\n" not in err and message.strip("'") in err
 
 
-def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_path, dataset):
+def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_path, dataset, capsys):
     grid = write_grid(
         tmp_path / "g.yaml", base=base(dataset), grid={"lr": [3e-3, 3e-2]}, seeds=[0, 1]
     )
     out = tmp_path / "sweep"
     runs = read_grid(grid, out)
-    # One run was stopped half way: trained for 3 of its 6 steps, checkpoint at step 3.
+    # One run was stopped half way: interrupted during step 4, its checkpoint is at step 3.
     partial = runs[0]
-    half = TrainConfig(**{**partial.config.to_dict(), "steps": 3})
-    train(half)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_4(step, record):
+        if step == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(partial.config, on_step=stop_at_4)
     assert status(partial) == "partial"
 
     argv = ["sweep", str(grid), "--out", str(out), "--workers", "2", "--threads", "1"]
@@ -134,6 +141,16 @@ def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_pat
     }
     assert (out / "curves.png").stat().st_size > 0
     assert (out / "grid.yaml").read_text() == grid.read_text()
+
+    # the grid changed under the finished runs: refused in one line, nothing trained
+    capsys.readouterr()
+    changed = write_grid(
+        tmp_path / "g2.yaml", base=base(dataset, eval_batches=3), grid={"lr": [3e-3, 3e-2]},
+        seeds=[0, 1],
+    )  # fmt: skip
+    assert main(["sweep", str(changed), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "eval_batches = 2" in err and "now says 3" in err
 
 
 def test_aggregate_reports_missing_seeds_without_inventing_numbers(tmp_path, dataset):

@@ -23,7 +23,7 @@ from typing import Any
 
 from spectra.validate import check_int
 from spectra_lab.cli import CLIError
-from spectra_lab.sweep.grid import Run, SweepError, read_grid, status
+from spectra_lab.sweep.grid import Run, SweepError, check_unchanged, read_grid, status
 from spectra_lab.sweep.report import write_report
 
 
@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         runs = read_grid(args.grid, out)
+        for r in runs:
+            check_unchanged(r)
     except SweepError as exc:
         raise CLIError(str(exc)) from None
     report = {"tune": args.tune, "plot": not args.no_plot}

@@ -123,6 +123,33 @@ def read_grid(path: str | Path, out: str | Path) -> list[Run]:
     return runs
 
 
+#: Fields that say how a run is started or shown, not what it trains.
+NOT_COMPARED = {"resume", "overwrite", "progress", "plot"}
+
+
+def check_unchanged(run: Run) -> None:
+    """Refuse a run directory whose saved config differs from the grid's for that run.
+
+    A finished or half-done run trained with other settings (a changed ``base``, say) would
+    otherwise be skipped or resumed as if it were this one.
+    """
+    saved_path = Path(run.config.out_dir) / "config.yaml"
+    if not saved_path.is_file():
+        return
+    from spectra_lab.train.config import load_saved_config
+
+    saved = load_saved_config(saved_path)
+    wanted = {**run.config.to_dict(), "warmup_steps": run.config.warmup}  # saved resolved
+    for key in sorted(set(saved) | set(wanted)):
+        if key in NOT_COMPARED:
+            continue
+        if saved.get(key) != wanted.get(key):
+            raise SweepError(
+                f"{run.config.out_dir} was trained with {key} = {saved.get(key)!r}, the grid "
+                f"now says {wanted.get(key)!r}; use another --out or delete that run"
+            )
+
+
 def status(run: Run) -> str:
     """``done`` (its summary is there for the full step count), ``partial`` (a checkpoint to
     resume from) or ``new``."""
