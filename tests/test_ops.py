@@ -184,15 +184,26 @@ def test_soft_clip_eigh_chooses_its_precision_from_sigma_max_over_c(monkeypatch,
 
 
 def test_soft_clip_eigh_redoes_in_float64_when_the_float32_eigenvalues_say_so(monkeypatch):
-    # σ_max/c = 150 but spread over many rows: no row norm exceeds the bound, the float32
-    # eigenvalues do, and the batch is redone in float64.
+    # σ_max/c ≈ 150 spread evenly over the rows, and a σ = 90 direction held by row 0 alone:
+    # the cheap bound (one power step from the largest row, row 0) sees ≈ 96 < 100, the float32
+    # eigenvalues see 150, and the batch is redone in float64.
     c = 1.0
-    X = with_spectrum((64, 64), torch.cat([torch.tensor([150.0]), torch.ones(63)]), seed=3)
-    assert float((X.double() @ X.double().T).diagonal().max()) < 1e4 * c * c
+    gen = torch.Generator().manual_seed(3)
+    V, _ = torch.linalg.qr(torch.randn(96, 2, generator=gen, dtype=torch.float64))
+    u = torch.full((64, 1), 1 / 8.0, dtype=torch.float64)
+    e = torch.zeros(64, 1, dtype=torch.float64)
+    e[0] = 1.0
+    X = 150.0 * u @ V[:, :1].T + 90.0 * e @ V[:, 1:].T
+    X = X + 0.01 * torch.randn(64, 96, generator=gen, dtype=torch.float64)
+    from spectra.ops.spectral import _sigma_max_lower_bound
+
+    assert (
+        float(_sigma_max_lower_bound(X.float())) < 100 * c < float(torch.linalg.matrix_norm(X, 2))
+    )
     seen = _eigh_dtypes(monkeypatch)
     Y = soft_clip(X.float(), c, method="eigh")
     assert seen == [torch.float32, torch.float64]
-    assert rel_err(Y, soft_ref(X, c)) <= 1e-4
+    assert rel_err(Y, soft_ref(X.float(), c)) <= 1e-4
 
 
 def test_operators_use_float64_where_float32_products_are_not_ieee(monkeypatch):

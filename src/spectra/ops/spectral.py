@@ -116,6 +116,18 @@ def _eigh(G: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
     return Q, mu.to(torch.float64).clamp_min(0.0).sqrt() * scale.squeeze(-1)
 
 
+def _sigma_max_lower_bound(Xw: Tensor) -> Tensor:
+    """A cheap lower bound on each matrix's σ_max (float64): ``‖X v‖`` for ``v`` the direction
+    of X's largest row, which is at least that row's norm (one matrix-vector product)."""
+    B = Xw.reshape(-1, *Xw.shape[-2:]).to(compute_dtype(Xw))
+    rows = torch.linalg.vector_norm(B, dim=-1)
+    top = rows.argmax(dim=-1)
+    v = B[torch.arange(B.shape[0], device=B.device), top]
+    v = v / rows.gather(-1, top[:, None]).clamp_min(torch.finfo(v.dtype).tiny)
+    bound = torch.linalg.vector_norm(B @ v[..., None], dim=(-2, -1))
+    return torch.maximum(bound, rows.amax(dim=-1)).to(torch.float64)
+
+
 def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = None) -> Tensor:
     """``X ↦ U diag(σ·w(σ)) Vᵀ`` through the eigen-decomposition of the small Gram matrix.
 
@@ -127,9 +139,9 @@ def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = 
     input, and where float32 products run in TF32 or bf16). Rounding the float32 Gram matrix
     and its eigh moves every eigenvalue by about ``ε₃₂·σ²_max``, which changes the clip's
     weights by up to about ``ε₃₂·σ²_max/(2c²)``; the measured error grows like
-    ``1e-7·(σ_max/c)²`` (docs/operators.md), so the bound keeps it near 1e-3. The largest row
-    norm of X bounds σ_max from below, so a batch that clearly needs float64 goes there
-    directly; otherwise the float32 eigenvalues decide.
+    ``1e-7·(σ_max/c)²`` (docs/operators.md), so the bound keeps it near 1e-3. One power step
+    from X's largest row bounds σ_max from below, so a batch that clearly needs float64 goes
+    there directly; otherwise the float32 eigenvalues decide.
     """
     Xw, transposed = wide_view(X)
     wd = dtype or compute_dtype(Xw)
@@ -137,9 +149,8 @@ def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = 
         wd = torch.float64  # TF32 or bf16 float32 products cannot form the Gram matrix
     limit = EIGH_FP32_MAX_RATIO2 * c * c
     if dtype is None and wd == torch.float32 and Xw.numel():
-        # σ_max ≥ the largest row norm: a batch that clearly needs float64 goes there first
-        rows = torch.linalg.vector_norm(Xw, dim=-1).to(torch.float64)
-        if bool(rows.square().amax() > limit):
+        # a batch that clearly needs float64 goes there first
+        if _sigma_max_lower_bound(Xw).square().amax() > limit:
             wd = torch.float64
     G, scale = _scaled_gram(Xw, wd)
     eig = None
