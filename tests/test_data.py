@@ -620,3 +620,80 @@ def test_parse_count():
 
     with pytest.raises(argparse.ArgumentTypeError):
         parse_count("lots")
+
+
+# FineWeb-Edu's hub shards are parquet files with these columns (the dataset card's schema).
+FINEWEB_COLUMNS = ("text", "id", "dump", "url", "file_path", "language", "language_score",
+                   "token_count", "score", "int_score")  # fmt: skip
+
+
+def write_fineweb_shard(path: Path, n: int) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"Lesson {i}: the mitochondria is the powerhouse of cell {i}." for i in range(n)]
+    table = pa.table(
+        {
+            "text": texts,
+            "id": [f"<urn:uuid:{i:08d}>" for i in range(n)],
+            "dump": ["CC-MAIN-2024-10"] * n,
+            "url": [f"https://example.org/{i}" for i in range(n)],
+            "file_path": ["s3://commoncrawl/x.warc.gz"] * n,
+            "language": ["en"] * n,
+            "language_score": [0.97] * n,
+            "token_count": [12] * n,
+            "score": [3.2] * n,
+            "int_score": [3] * n,
+        }
+    )
+    assert tuple(table.column_names) == FINEWEB_COLUMNS
+    pq.write_table(table, path, row_group_size=7)  # several row groups, read batch by batch
+    return texts
+
+
+def test_fineweb_edu_prepares_from_local_parquet_shards_in_the_hub_format(tmp_path):
+    shards = [tmp_path / "000_00000.parquet", tmp_path / "000_00001.parquet"]
+    texts = write_fineweb_shard(shards[0], 40) + write_fineweb_shard(shards[1], 25)
+    assert list(read_local_texts(shards)) == texts
+    out = prepare("fineweb-edu", tmp_path / "ds", tokenizer="bpe", vocab_size=300, input=shards)
+    meta = read_meta(out)
+    assert meta["name"] == "fineweb-edu"
+    assert meta["source"]["files"][1]["path"] == str(shards[1].resolve())
+    tok = load_tokenizer(out)
+    expected = {"train": [], "val": []}
+    for i, t in enumerate(texts):
+        split = "val" if is_val_document(i, 0.01) else "train"
+        expected[split] += [*tok.encode(t), tok.eot_id]
+    for split in ("train", "val"):
+        assert read_bin(out, split).tolist() == expected[split]
+    assert (meta["train_documents"], meta["val_documents"]) == (64, 1)
+
+
+def test_local_hub_files_with_bad_schema_or_hub_flags_give_one_line_errors(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"content": ["no text column"]}), bad)
+    with pytest.raises(DataError, match="no 'text' column"):
+        list(read_local_texts([bad]))
+    args = ["prepare-data", "--dataset", "fineweb-edu", "--out", str(tmp_path / "o")]
+    assert cli_main([*args, "--input", str(bad), "--hub-path", "x/y"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "exclude each other" in err
+
+
+def test_slimpajama_prepares_from_local_jsonl_zst_shards_in_the_hub_format(tmp_path):
+    import zstandard
+
+    records = [
+        {"text": f"Chunk {i}: a paragraph of web text.", "meta": {"redpajama_set_name": "Web"}}
+        for i in range(30)
+    ]
+    shard = tmp_path / "example_train_0.jsonl.zst"
+    raw = "".join(json.dumps(r) + "\n" for r in records).encode()
+    shard.write_bytes(zstandard.ZstdCompressor().compress(raw))
+    assert list(read_local_texts([shard])) == [r["text"] for r in records]
+    out = prepare("slimpajama", tmp_path / "ds", tokenizer="bpe", vocab_size=300, input=[shard])
+    meta = read_meta(out)
+    assert meta["name"] == "slimpajama" and meta["train_documents"] + meta["val_documents"] == 30

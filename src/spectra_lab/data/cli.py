@@ -62,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="--dataset text: .jsonl files (one {'text': ...} per line) or plain text files",
+        help="--dataset text: .jsonl files (one {'text': ...} per line) or plain text files; "
+        "fineweb-edu/slimpajama: local shards in the hub's format (.parquet, .jsonl, .jsonl.zst) "
+        "instead of streaming the hub",
     )
     parser.add_argument(
         "--val-fraction",
@@ -88,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = args.tokenizer or ("gpt2" if hub else "bpe")
     if args.dataset == "text" and not args.input:
         raise CLIError("--dataset text needs --input FILE [FILE ...]")
-    if args.input and args.dataset != "text":
-        raise CLIError("--input applies to --dataset text only")
+    if args.input and args.dataset == "shakespeare":
+        raise CLIError("--input applies to text, fineweb-edu and slimpajama, not shakespeare")
+    if args.input and (args.hub_path or args.hub_config):
+        raise CLIError("--input (local files) and --hub-path/--hub-config exclude each other")
     if args.dataset == "shakespeare" and args.tokens is not None:
         raise CLIError("--tokens applies to hub and text datasets, not shakespeare")
     if (args.hub_path or args.hub_config) and not hub:
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             opts["tokens"] = args.tokens
         if args.val_fraction is not None:
             opts["val_fraction"] = args.val_fraction
-        if args.dataset == "text":
+        if args.input:
             opts["input"] = args.input
         else:
             opts.update(hub_path=args.hub_path, hub_config=args.hub_config)

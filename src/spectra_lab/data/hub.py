@@ -96,31 +96,74 @@ def iter_hub_texts(
     return records()
 
 
+def _jsonl_lines(path: Path) -> Iterator[str]:
+    """The lines of a ``.jsonl`` file, or of a zstandard-compressed ``.jsonl.zst`` one (the
+    format of SlimPajama's shards; needs the ``zstandard`` package)."""
+    if path.name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError as exc:
+            raise DataError(f"{path}: .zst files need the 'zstandard' package") from exc
+        import io
+
+        with open(path, "rb") as raw:
+            reader = zstandard.ZstdDecompressor().stream_reader(raw)
+            yield from io.TextIOWrapper(reader, encoding="utf-8")
+        return
+    with open(path, encoding="utf-8") as f:
+        yield from f
+
+
+def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
+    """The ``text_field`` column of a parquet file, batch by batch (FineWeb-Edu's shards have
+    ``text``, ``id``, ``dump``, ``url``, ``score``, … columns; needs ``pyarrow``)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise DataError(f"{path}: parquet files need the 'pyarrow' package") from exc
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own error types for a bad file
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+    if text_field not in table.schema_arrow.names:
+        raise DataError(
+            f"{path}: no {text_field!r} column (columns: {', '.join(table.schema_arrow.names)})"
+        )
+    for batch in table.iter_batches(columns=[text_field]):
+        for text in batch.column(0).to_pylist():
+            if not isinstance(text, str):
+                raise DataError(f"{path}: a {text_field!r} value is not a string")
+            yield text
+
+
 def read_local_texts(paths: Sequence[str | Path], text_field: str = TEXT_FIELD) -> Iterator[str]:
     """Documents from local files, in the given order.
 
-    A ``.jsonl`` file gives one document per non-empty line (its ``text_field``); any other
-    file is read as UTF-8 text and is one document.
+    A ``.parquet`` file gives one document per row (its ``text_field`` column, the format of
+    FineWeb-Edu's hub shards); a ``.jsonl`` or ``.jsonl.zst`` file one per non-empty line (its
+    ``text_field``, the format of SlimPajama's shards); any other file is read as UTF-8 text
+    and is one document.
     """
     for p in paths:
         path = Path(p)
         if not path.is_file():
             raise DataError(f"input file {path} does not exist")
-        if path.suffix == ".jsonl":
-            with open(path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                        text = record[text_field]
-                    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                        raise DataError(
-                            f"{path}:{lineno}: expected a JSON object with a {text_field!r} string"
-                        ) from exc
-                    if not isinstance(text, str):
-                        raise DataError(f"{path}:{lineno}: {text_field!r} is not a string")
-                    yield text
+        if path.suffix == ".parquet":
+            yield from _parquet_texts(path, text_field)
+        elif path.name.endswith((".jsonl", ".jsonl.zst")):
+            for lineno, line in enumerate(_jsonl_lines(path), 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    text = record[text_field]
+                except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                    raise DataError(
+                        f"{path}:{lineno}: expected a JSON object with a {text_field!r} string"
+                    ) from exc
+                if not isinstance(text, str):
+                    raise DataError(f"{path}:{lineno}: {text_field!r} is not a string")
+                yield text
         else:
             yield path.read_text(encoding="utf-8")
 

