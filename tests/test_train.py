@@ -555,3 +555,33 @@ def test_compare_plots_the_final_validation_losses_of_runs(train_dataset, tmp_pa
     assert main(["compare", str(tmp_path / "missing"), "--out", str(fig)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a run directory" in err[0]
+
+
+def test_global_batch_size_derives_grad_accum_for_the_world_size():
+    cfg = TrainConfig(batch_size=4, global_batch_size=32)
+    assert [cfg.accumulation(w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    with pytest.raises(ConfigError, match="not a multiple of batch_size 4 x world size 3 = 12"):
+        cfg.accumulation(3)
+    with pytest.raises(ConfigError, match="not a multiple"):
+        TrainConfig(batch_size=64, global_batch_size=32).accumulation(1)
+    with pytest.raises(ConfigError, match=r"'grad_accum' = 2: .* needs 8"):
+        TrainConfig(batch_size=4, grad_accum=2, global_batch_size=32).accumulation(1)
+    assert TrainConfig(batch_size=4, grad_accum=8, global_batch_size=32).accumulation(1) == 8
+    assert TrainConfig(batch_size=4, grad_accum=3).accumulation(4) == 3  # no global batch
+
+
+def test_global_batch_size_trains_like_the_same_grad_accum(train_dataset, tmp_path, capsys):
+    a = train(small_config(train_dataset, tmp_path / "a", batch_size=2, grad_accum=3, steps=6))
+    b = train(
+        small_config(train_dataset, tmp_path / "b", batch_size=2, global_batch_size=6, steps=6)
+    )
+    for (name, p), (_, q) in zip(
+        a.model.named_parameters(), b.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(p, q), name
+    saved = yaml.safe_load((tmp_path / "b" / "config.yaml").read_text())
+    assert (saved["grad_accum"], saved["global_batch_size"]) == (3, 6)
+    argv = ["train", "--dataset", str(train_dataset), "--preset", "tiny", "--batch-size", "4"]
+    assert main([*argv, "--set", "global_batch_size=6", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "not a multiple of batch_size 4 x world size 1" in err

@@ -139,7 +139,12 @@ def check_unchanged(run: Run) -> None:
     from spectra_lab.train.config import load_saved_config
 
     saved = load_saved_config(saved_path)
-    wanted = {**run.config.to_dict(), "warmup_steps": run.config.warmup}  # saved resolved
+    # the trainer saves the warmup and the accumulation it resolved (one process here)
+    wanted = {
+        **run.config.to_dict(),
+        "warmup_steps": run.config.warmup,
+        "grad_accum": run.config.accumulation(1),
+    }
     for key in sorted(set(saved) | set(wanted)):
         if key in NOT_COMPARED:
             continue

@@ -11,6 +11,7 @@ check their own settings when ``train`` starts, before anything runs.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,9 @@ def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = Non
 def run(args: argparse.Namespace) -> int:
     from spectra_lab.train.trainer import train
 
-    result = train(config_from_args(args))
+    cfg = config_from_args(args)
+    cfg.accumulation(int(os.environ.get("WORLD_SIZE", "1")))  # a bad global batch: one line now
+    result = train(cfg)
     if result.rank == 0 and result.val_loss is not None:
         print(
             f"final validation loss {result.val_loss:.4f} | perplexity {result.val_ppl:.2f} "

@@ -55,7 +55,10 @@ class TrainConfig:
     """Every knob of a training run, with the main job's values as defaults.
 
     Sizes: ``batch_size`` is the micro-batch per process; one optimizer step sees
-    ``batch_size * grad_accum * world_size`` sequences of ``seq_len`` tokens.
+    ``batch_size * grad_accum * world_size`` sequences of ``seq_len`` tokens. With
+    ``global_batch_size`` set, ``grad_accum`` is derived from it for the world size the run
+    gets (:meth:`accumulation`), so that one file gives the same global batch on 1, 4 or 8
+    processes.
     """
 
     # run directory
@@ -78,6 +81,7 @@ class TrainConfig:
     steps: int = 300
     batch_size: int = 16
     grad_accum: int = 1
+    global_batch_size: int | None = None  # sequences per optimizer step; sets grad_accum
 
     # learning rate and its schedule
     optimizer: str = "spectra-adamw"
@@ -139,6 +143,27 @@ class TrainConfig:
         if self.warmup_steps is not None:
             return self.warmup_steps
         return round(WARMUP_FRACTION * self.steps)
+
+    def accumulation(self, world_size: int) -> int:
+        """Micro-batches per step: ``global_batch_size / (batch_size · world_size)`` when the
+        global batch is given (one-line ``ConfigError`` if that does not divide, or if
+        ``grad_accum`` says otherwise), else ``grad_accum``."""
+        if self.global_batch_size is None:
+            return self.grad_accum
+        per_micro = self.batch_size * world_size
+        accum, rest = divmod(self.global_batch_size, per_micro)
+        if rest or accum == 0:
+            raise ConfigError(
+                f"config field 'global_batch_size' = {self.global_batch_size}: not a multiple of "
+                f"batch_size {self.batch_size} x world size {world_size} = {per_micro}"
+            )
+        if self.grad_accum not in (1, accum):
+            raise ConfigError(
+                f"config field 'grad_accum' = {self.grad_accum}: global_batch_size "
+                f"{self.global_batch_size} with batch_size {self.batch_size} x world size "
+                f"{world_size} needs {accum}; give one of the two"
+            )
+        return accum
 
     def validate(self) -> None:
         """Raise a one-line ``ConfigError`` naming the first field with a bad value."""
@@ -206,6 +231,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "steps": _positive_int,
     "batch_size": _positive_int,
     "grad_accum": _positive_int,
+    "global_batch_size": partial(check_int, low=1, none_ok=True),
     "lr": partial(check_number, low=0.0, low_open=True),
     "schedule": partial(check_choice, choices=SCHEDULES),
     "warmup_steps": partial(check_int, low=0, none_ok=True),

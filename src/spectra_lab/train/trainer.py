@@ -141,6 +141,8 @@ def _train(
     watch: Watch | None,
 ) -> TrainResult:
     rt = build_runtime(cfg)
+    # The run directory records the accumulation in force for this world size.
+    cfg = dataclasses.replace(cfg, grad_accum=cfg.accumulation(rt.world_size))
     dataset_dir = resolve_dataset(cfg, rt)
     meta = json.loads((dataset_dir / "meta.json").read_text())
     model, model_cfg = build_model(cfg, int(meta["vocab_size"]))
