@@ -33,6 +33,7 @@ from spectra_lab.train.metrics import read_jsonl
 from spectra_lab.train.optimizers import (
     OPTIMIZERS,
     build_optimizer,
+    check_optimizer,
     param_groups,
     spectral_groups,
 )
@@ -353,9 +354,16 @@ def test_spectral_groups_carry_the_clip_settings_of_clipped_groups_only():
             assert (pre(0), pre(50), pre(100)) == pytest.approx((1.0, 0.5 + 0.5e-3, 1e-3))
         else:
             assert g["clip_c"] is None and g["pre_clip_c"] is None
-    # the plain base optimizers clip nothing
+    # the plain base optimizers post-clip nothing; with pre_clip_c they pre-clip the clipped
+    # groups (the paper's "X with pre-clipping")
     plain = spectral_groups(groups, cfg, lr_lambda, clip=False)
     assert all(g["clip_c"] is None for g in plain)
+    for g in plain:
+        expected = 10.0 if g["group"] in ("hidden", "attn") else None
+        assert g["pre_clip_c"] == expected, g["group"]
+    for name in ("dmuon", "soap", "torch-adamw"):  # no pre-clipping there: one line
+        with pytest.raises(ConfigError, match=f"'pre_clip_c' = 10.0: {name} does not pre-clip"):
+            check_optimizer(dataclasses.replace(cfg, optimizer=name))
     # the optimizer reports the threshold of the step about to be taken: c / S_lr(0)
     opt = build_optimizer(model, cfg, lr_lambda)
     assert opt.clip_threshold() == pytest.approx(5.0 / lr_lambda(0))

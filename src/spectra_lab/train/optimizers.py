@@ -126,12 +126,13 @@ def spectral_groups(
 
     With ``clip``, the groups in ``cfg.clip_groups`` get the threshold ``clip_c``, the
     scale ``clip_scale``, the threshold schedule, the pre-clipping settings and ``post``
-    when given; the optimizer computes the per-step thresholds ``c_k`` itself. Every other
-    group, and every group without ``clip`` (the plain base optimizers), gets
-    ``clip_c=None``: no clipping.
+    when given; the optimizer computes the per-step thresholds ``c_k`` itself. Without
+    ``clip`` (the plain base optimizers) they get the pre-clipping settings only, so that
+    ``pre_clip_c`` gives the paper's "X with pre-clipping" variant. Every other group gets
+    neither.
     """
     off = {"clip_c": None, "pre_clip_c": None}
-    on = off
+    on = {**off, "pre_clip_c": cfg.pre_clip_c, "pre_clip_schedule": pre_clip_schedule(cfg)}
     if clip:
         on = {
             "clip_c": cfg.clip_c,
@@ -203,6 +204,11 @@ def check_optimizer(cfg: TrainConfig) -> Recipe:
     except ValueError as exc:
         raise ConfigError(f"config field 'optimizer' = {cfg.optimizer!r}: {exc}") from None
     recipe = OPTIMIZERS[cfg.optimizer]
+    if cfg.pre_clip_c is not None and recipe.groups in (plain_groups, muon_groups):
+        raise ConfigError(
+            f"config field 'pre_clip_c' = {cfg.pre_clip_c!r}: {cfg.optimizer} does not pre-clip "
+            "(pre-clipping is part of spectra's AdamW, Signum, AdEMAMix, MARS and SGDM recipes)"
+        )
     takes = recipe.keywords()
     for key in cfg.optimizer_kwargs:
         if key in CONFIG_KEYWORDS:
