@@ -62,6 +62,8 @@ def _format(value: Any) -> str:
         return f"{value:g}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_format(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "+".join(f"{k}-{_format(v)}" for k, v in value.items())
     return str(value)
 
 
