@@ -397,12 +397,9 @@ def write_local_inputs(tmp_path: Path) -> list[Path]:
     return [jsonl, txt]
 
 
-def test_prepare_text_dataset_from_local_jsonl_and_txt(tmp_path):
-    inputs = write_local_inputs(tmp_path)
-    texts = list(read_local_texts(inputs))
-    assert len(texts) == 31 and texts[-1] == inputs[1].read_text()
-    out = prepare("text", tmp_path / "ds", tokenizer="bpe", vocab_size=300, input=inputs)
-    meta = read_meta(out)
+def assert_documents_split_by_position(out: Path, texts: list[str]) -> None:
+    """The dataset's shards hold each document's tokens and an end-of-text, in order, in the
+    split that :func:`is_val_document` gives its position (validation fraction 0.01)."""
     tok = load_tokenizer(out)
     expected = {"train": [], "val": []}
     for i, t in enumerate(texts):
@@ -410,6 +407,15 @@ def test_prepare_text_dataset_from_local_jsonl_and_txt(tmp_path):
         expected[split] += [*tok.encode(t), tok.eot_id]
     for split in ("train", "val"):
         assert read_bin(out, split).tolist() == expected[split]
+
+
+def test_prepare_text_dataset_from_local_jsonl_and_txt(tmp_path):
+    inputs = write_local_inputs(tmp_path)
+    texts = list(read_local_texts(inputs))
+    assert len(texts) == 31 and texts[-1] == inputs[1].read_text()
+    out = prepare("text", tmp_path / "ds", tokenizer="bpe", vocab_size=300, input=inputs)
+    meta = read_meta(out)
+    assert_documents_split_by_position(out, texts)
     assert meta["val_documents"] == 1 and meta["train_documents"] == 30
     assert meta["source"]["files"][0]["path"] == str(inputs[0].resolve())
     # Same request: nothing rebuilt; a changed input file: rebuilt.
@@ -659,13 +665,7 @@ def test_fineweb_edu_prepares_from_local_parquet_shards_in_the_hub_format(tmp_pa
     meta = read_meta(out)
     assert meta["name"] == "fineweb-edu"
     assert meta["source"]["files"][1]["path"] == str(shards[1].resolve())
-    tok = load_tokenizer(out)
-    expected = {"train": [], "val": []}
-    for i, t in enumerate(texts):
-        split = "val" if is_val_document(i, 0.01) else "train"
-        expected[split] += [*tok.encode(t), tok.eot_id]
-    for split in ("train", "val"):
-        assert read_bin(out, split).tolist() == expected[split]
+    assert_documents_split_by_position(out, texts)
     assert (meta["train_documents"], meta["val_documents"]) == (64, 1)
 
 

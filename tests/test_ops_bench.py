@@ -7,6 +7,7 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
 import torch
 
 from spectra_lab.bench import ops as bench_ops
@@ -132,3 +133,27 @@ def test_bench_ops_reads_recorded_inputs(tmp_path, capsys):
     for c in cells:
         if c["method"] == "auto":
             assert c["rel_err"] <= 1e-2 and c["sigma_over_c"] > 0
+
+
+# --------------------------------------------------------------------------- H100 model
+
+
+def test_gpu_model_counts_the_flops_and_launches_of_both_methods(capsys):
+    from spectra_lab.bench import gpu_model
+
+    mats = gpu_model.matrices(*gpu_model.MODELS["124m"])
+    assert len(mats) == 2 + 12 * 7  # embedding, head, 7 matrices per layer
+    rows = gpu_model.step_model("124m", 30.0, efficiency=0.5, t_launch_us=10.0)
+    paper = sum(4 * m * m * n + 30 * 2 * m**3 for m, n in mats)
+    assert rows["paper-bf16"]["gflop"] == pytest.approx(paper / 1e9)
+    assert rows["paper-bf16"]["launches"] == 76 * len(mats)
+    k = rows["polar-fp32"]["steps"]
+    polar = sum(4 * m * m * n + (1 + 4 * k - 4) * 2 * m**3 for m, n in mats)
+    assert rows["polar-fp32"]["gflop"] == pytest.approx(polar / 1e9)
+    assert rows["polar-fp32"]["launches"] == len(set(mats)) * (30 + 8 * k + 6)
+    ms = paper / (0.5 * 989e12) * 1e3 + 76 * len(mats) * 10e-3
+    assert rows["paper-bf16"]["ms"] == pytest.approx(ms)
+    assert main(["bench", "gpu-model", "--sigma-over-c", "10"]) == 0
+    assert "| 780m | 10 | polar-fp32" in capsys.readouterr().out
+    assert main(["bench", "gpu-model", "--efficiency", "2"]) == 2
+    assert "--efficiency" in capsys.readouterr().err

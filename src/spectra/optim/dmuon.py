@@ -118,9 +118,7 @@ def muon_update(
     momentum_buffer.lerp_(grad, 1 - momentum)
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
     matrix = update.reshape(update.shape[0], -1)
-    ortho = newton_schulz_quintic(
-        matrix, ns_steps=ns_steps, coeffs=MUON_NS_COEFFS, dtype=ns_dtype
-    )
+    ortho = newton_schulz_quintic(matrix, ns_steps=ns_steps, coeffs=MUON_NS_COEFFS, dtype=ns_dtype)
     scale = RMS_MATCH * math.sqrt(max(matrix.shape))
     param.mul_(1 - lr * weight_decay)
     param.add_(ortho.view_as(param), alpha=-lr * scale)

@@ -27,6 +27,7 @@ import math
 
 from spectra.ops.polar import inverse_sqrt_schedule
 from spectra.ops.spectral import POLAR_TOL
+from spectra_lab.bench.ops import matmul_flops
 from spectra_lab.bench.optim import llama_shapes
 
 PEAK_TFLOPS = {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0, "fp64": 67.0}
@@ -45,16 +46,6 @@ def matrices(layers: int, dim: int, hidden: int, vocab: int) -> list[tuple[int, 
     return out
 
 
-def paper_flops(m: int, n: int, ns_steps: int = 10) -> float:
-    """Gram matrix and final product (``2m²n`` each) and 3 ``m × m`` products per step."""
-    return 2 * (2 * m * m * n) + 3 * ns_steps * 2 * m**3
-
-
-def polar_flops(m: int, n: int, steps: int) -> float:
-    """Gram matrix and final product, ``G²`` and ``4K − 4`` products of ``m × m``."""
-    return 2 * (2 * m * m * n) + (1 + max(0, 4 * steps - 4)) * 2 * m**3
-
-
 def polar_steps_for(sigma_over_c: float, tol: float = POLAR_TOL) -> int:
     """Quintic steps ``polar`` runs for ``α = 1 + (σ_max/c)²``."""
     alpha = 1.0 + sigma_over_c**2
@@ -67,9 +58,9 @@ def step_model(
     """Per-step flops, launches and modelled milliseconds of each method."""
     mats = matrices(*MODELS[model])
     steps = polar_steps_for(sigma_over_c)
-    paper_f = sum(paper_flops(m, n) for m, n in mats)
+    paper_f = sum(matmul_flops("paper", (m, n)) for m, n in mats)
     paper_l = PAPER_LAUNCHES_PER_MATRIX * len(mats)
-    polar_f = sum(polar_flops(m, n, steps) for m, n in mats)
+    polar_f = sum(matmul_flops("polar", (m, n), steps) for m, n in mats)
     batches = len(set(mats))
     fixed, per_step, finish = POLAR_LAUNCHES
     polar_l = batches * (fixed + per_step * steps + finish)
