@@ -1,4 +1,4 @@
-"""``spectra bench step``: rows, shares and overheads on the tiny preset (no timing asserts)."""
+"""``spectra bench step`` and ``spectra bench memory`` on the tiny preset (no timing asserts)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,14 @@ def test_cli_prints_the_table_and_rejects_bad_input_in_one_line(capsys):
     assert main(["bench", "step", "--preset", "huge"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'huge'" in err
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["adamw", "spectra-adamw", "ademamix", "signum", "mars", "spectra-mars", "dmuon", "soap"],
+)
+def test_optimizer_state_memory_equals_the_papers_formula(name):
+    from spectra_lab.bench.memory import measure
+
+    r = measure(name, "tiny")
+    assert r["state_elements"] == r["formula_elements"], r

@@ -14,6 +14,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ops": ("spectra_lab.bench.ops", "time and accuracy of the spectral operators"),
     "optim": ("spectra_lab.bench.optim", "time and memory per step of the optimizers"),
     "dist": ("spectra_lab.bench.dist", "the spectral work divided among DDP ranks"),
+    "memory": (
+        "spectra_lab.bench.memory",
+        "optimizer-state memory per optimizer against the paper's formula",
+    ),
     "step": (
         "spectra_lab.bench.step",
         "a training step's time and the optimizer's share (the paper's timing table)",

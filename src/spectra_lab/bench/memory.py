@@ -1,0 +1,150 @@
+"""``spectra bench memory``: optimizer-state memory per optimizer, measured against the formula.
+
+For each optimizer of the harness's registry, on a model preset: the elements held in
+``optimizer.state`` after one step (tensors of one element, such as step counters, are
+counted apart), next to the formula of "Enhancing LLM Training via Spectral Clipping",
+Table memory-optimizer, in units of the model's parameter count M:
+
+===================  ==========================================  ==========================
+optimizer            state buffers                               formula
+===================  ==========================================  ==========================
+AdamW                m, v                                        2M
+AdEMAMix             m_fast, m_slow, v                           3M
+Signum, SGD-M        m                                           M
+D-Muon               m (Muon matrices), m, v (AdamW parameters)  M_muon + 2·M_adamw
+SOAP                 m, v, GG and Q per dimension d ≤ D          2M + Σ_{d ≤ D} 2d²
+MARS (AdamW)         m, v, g_prev (matrices)                     2M + M_2d (≈ 3M)
+===================  ==========================================  ==========================
+
+SPECTRA adds no state: ``spectra-X`` has the formula of ``X``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from spectra_lab.cli import CLIError
+
+DEFAULT_OPTIMIZERS = (
+    "adamw", "spectra-adamw", "ademamix", "spectra-ademamix", "signum", "spectra-signum",
+    "mars", "spectra-mars", "dmuon", "soap",
+)  # fmt: skip
+#: Vocabulary of the model (the embedded corpus's default BPE size).
+VOCAB = 4096
+
+
+def formula(name: str, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
+    """The paper's state size for ``optimizer`` (elements) and the formula in words."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    total = sum(p.numel() for p in params)
+    base = name.removeprefix("spectra-")
+    if base in ("adamw", "torch-adamw"):
+        return 2 * total, "2M"
+    if base == "ademamix":
+        return 3 * total, "3M"
+    if base in ("signum", "sgdm"):
+        return total, "M"
+    if base == "mars":
+        two_d = sum(p.numel() for p in params if p.dim() >= 2)
+        return 2 * total + two_d, "2M + M_2d"
+    if base == "dmuon":
+        from spectra.optim.dmuon import default_use_muon
+
+        muon = sum(
+            p.numel()
+            for g in optimizer.param_groups
+            for p in g["params"]
+            if (default_use_muon(p) if g.get("use_muon") is None else g["use_muon"])
+        )
+        return muon + 2 * (total - muon), "M_muon + 2 M_adamw"
+    if base == "soap":
+        extra = sum(
+            2 * d * d
+            for g in optimizer.param_groups
+            for p in g["params"]
+            if p.dim() >= 2
+            for d in p.shape
+            if d <= g["max_precond_dim"]
+        )
+        return 2 * total + extra, "2M + sum over dims d <= D of 2 d^2"
+    raise ValueError(f"no memory formula for {name!r}")
+
+
+def measure(name: str, preset: str, seed: int = 0) -> dict[str, Any]:
+    """State elements of ``name`` after one step on ``preset``, against :func:`formula`."""
+    from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.optimizers import build_optimizer
+    from spectra_lab.train.trainer import build_lr_lambda, build_model
+
+    cfg = TrainConfig(preset=preset, optimizer=name, seed=seed, steps=10, warmup_steps=1)
+    model, _ = build_model(cfg, VOCAB)
+    optimizer = build_optimizer(model, cfg, build_lr_lambda(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.grad = 1e-3 * torch.randn(p.shape, generator=gen)
+    optimizer.step()
+    big = small = 0
+
+    def count(value: Any) -> None:
+        nonlocal big, small
+        if isinstance(value, torch.Tensor):
+            if value.numel() > 1:
+                big += value.numel()
+            else:
+                small += value.numel()
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                count(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                count(item)
+
+    for state in optimizer.state.values():
+        count(state)
+    expected, words = formula(name, optimizer)
+    params = sum(p.numel() for p in model.parameters())
+    return {
+        "optimizer": name,
+        "parameters": params,
+        "state_elements": big,
+        "scalars": small,
+        "formula": words,
+        "formula_elements": expected,
+        "factor": big / params,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from spectra_lab.train.optimizers import OPTIMIZERS
+
+    parser.add_argument("--preset", default="cpu-small", help="model preset (cpu-small)")
+    parser.add_argument(
+        "--optimizer", nargs="+", choices=sorted(OPTIMIZERS), default=list(DEFAULT_OPTIMIZERS),
+        metavar="OPT", help="optimizers of the registry (default: the paper's and their twins)",
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from spectra_lab.model.llama import PRESETS
+
+    if args.preset not in PRESETS:
+        raise CLIError(f"--preset must be one of {', '.join(PRESETS)}, got {args.preset!r}")
+    rows = []
+    for name in args.optimizer:
+        try:
+            rows.append(measure(name, args.preset))
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+    print(f"preset {args.preset}: M = {rows[0]['parameters']:,} parameters\n")
+    print("| optimizer | state (x M) | formula | formula (x M) | measured = formula |")
+    print("|---|---:|---|---:|---|")
+    for r in rows:
+        same = "yes" if r["state_elements"] == r["formula_elements"] else "no"
+        print(
+            f"| {r['optimizer']} | {r['factor']:.3f} | {r['formula']} "
+            f"| {r['formula_elements'] / r['parameters']:.3f} | {same} |"
+        )
+    return 0
