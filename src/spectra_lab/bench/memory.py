@@ -26,14 +26,13 @@ from typing import Any
 
 import torch
 
+from spectra_lab.bench.step import build
 from spectra_lab.cli import CLIError
 
 DEFAULT_OPTIMIZERS = (
     "adamw", "spectra-adamw", "ademamix", "spectra-ademamix", "signum", "spectra-signum",
     "mars", "spectra-mars", "dmuon", "soap",
 )  # fmt: skip
-#: Vocabulary of the model (the embedded corpus's default BPE size).
-VOCAB = 4096
 
 
 def formula(name: str, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
@@ -75,13 +74,7 @@ def formula(name: str, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
 
 def measure(name: str, preset: str, seed: int = 0) -> dict[str, Any]:
     """State elements of ``name`` after one step on ``preset``, against :func:`formula`."""
-    from spectra_lab.train.config import TrainConfig
-    from spectra_lab.train.optimizers import build_optimizer
-    from spectra_lab.train.trainer import build_lr_lambda, build_model
-
-    cfg = TrainConfig(preset=preset, optimizer=name, seed=seed, steps=10, warmup_steps=1)
-    model, _ = build_model(cfg, VOCAB)
-    optimizer = build_optimizer(model, cfg, build_lr_lambda(cfg))
+    _, model, _, optimizer = build(name, preset, seed=seed, steps=10, warmup_steps=1)
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.grad = 1e-3 * torch.randn(p.shape, generator=gen)

@@ -35,23 +35,27 @@ def base_of(name: str) -> str:
     return name.removeprefix("spectra-")
 
 
+def build(name: str, preset: str, **config: Any) -> tuple[Any, Any, Any, Any]:
+    """``(cfg, model, model_cfg, optimizer)`` built as ``spectra train`` builds them."""
+    from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.optimizers import build_optimizer
+    from spectra_lab.train.trainer import build_lr_lambda, build_model
+
+    cfg = TrainConfig(preset=preset, optimizer=name, **config)
+    model, model_cfg = build_model(cfg, VOCAB)
+    return cfg, model, model_cfg, build_optimizer(model, cfg, build_lr_lambda(cfg))
+
+
 def time_optimizer(
     name: str, preset: str, steps: int, warmup: int, batch_size: int, device: torch.device,
     pre_clip_c: float | None = None, seed: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """Median total and optimizer-step seconds of ``steps`` timed steps after ``warmup``."""
-    from spectra_lab.train.config import TrainConfig
-    from spectra_lab.train.optimizers import build_optimizer, check_optimizer
-    from spectra_lab.train.trainer import build_lr_lambda, build_model
-
-    cfg = TrainConfig(
-        preset=preset, optimizer=name, batch_size=batch_size, steps=warmup + steps,
-        pre_clip_c=pre_clip_c, seed=seed, device=str(device),
+    cfg, model, model_cfg, optimizer = build(
+        name, preset, batch_size=batch_size, steps=warmup + steps, pre_clip_c=pre_clip_c,
+        seed=seed, device=str(device),
     )  # fmt: skip
-    check_optimizer(cfg)
-    model, model_cfg = build_model(cfg, VOCAB)
     model.to(device)
-    optimizer = build_optimizer(model, cfg, build_lr_lambda(cfg))
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(seed)
     shape = (batch_size, model_cfg.seq_len + 1)

@@ -21,6 +21,7 @@ field or value is reported in one line before anything trains.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,17 +158,21 @@ def check_unchanged(run: Run) -> None:
             )
 
 
+def summary(run: Run) -> dict[str, Any] | None:
+    """The run's ``summary.json`` when it records the full step count (a finished run)."""
+    path = Path(run.config.out_dir) / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:  # written atomically, so only a foreign file can be unreadable
+        return None
+    return data if data.get("step") == run.config.steps else None
+
+
 def status(run: Run) -> str:
     """``done`` (its summary is there for the full step count), ``partial`` (a checkpoint to
     resume from) or ``new``."""
-    out = Path(run.config.out_dir)
-    summary = out / "summary.json"
-    if summary.is_file():
-        import json
-
-        try:
-            if json.loads(summary.read_text()).get("step") == run.config.steps:
-                return "done"
-        except ValueError:
-            pass
-    return "partial" if latest_checkpoint(out) is not None else "new"
+    if summary(run) is not None:
+        return "done"
+    return "partial" if latest_checkpoint(Path(run.config.out_dir)) is not None else "new"

@@ -16,15 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from spectra_lab.files import atomic_path, atomic_write
-from spectra_lab.sweep.grid import Run, label, status
+from spectra_lab.sweep.grid import Run, label, status, summary
 from spectra_lab.train.metrics import read_jsonl
 
 
 def final_val_loss(run: Run) -> float | None:
-    summary = Path(run.config.out_dir) / "summary.json"
-    if status(run) != "done":
-        return None
-    value = json.loads(summary.read_text()).get("val_loss")
+    done = summary(run)
+    value = done.get("val_loss") if done is not None else None
     return float(value) if value is not None else None
 
 
