@@ -230,7 +230,10 @@ def reference_forward(model: Llama, idx: torch.Tensor) -> torch.Tensor:
     def rms(x, g):
         return x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps) * g
 
-    x = W["tok_embeddings.weight"][idx]
+    mup = cfg.mup_base_width is not None
+    mult = cfg.d_model / cfg.mup_base_width if mup else 1.0
+    branch = cfg.mup_scale_depth / math.sqrt(cfg.n_layers) if mup else 1.0
+    x = W["tok_embeddings.weight"][idx] * (cfg.mup_scale_emb if mup else 1.0)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
@@ -239,20 +242,21 @@ def reference_forward(model: Llama, idx: torch.Tensor) -> torch.Tensor:
         k = (h @ W[p + "attn.wk.weight"].T).view(B, T, H, Dh)
         v = (h @ W[p + "attn.wv.weight"].T).view(B, T, H, Dh)
         q, k = rope_complex_reference(q, cfg.rope_theta), rope_complex_reference(k, cfg.rope_theta)
-        att = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(Dh)
+        att = torch.einsum("bthd,bshd->bhts", q, k) / (Dh if mup else math.sqrt(Dh))
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = torch.einsum("bhts,bshd->bthd", att, v).reshape(B, T, H * Dh)
-        x = x + y @ W[p + "attn.wo.weight"].T
+        x = x + branch * (y @ W[p + "attn.wo.weight"].T)
         h = rms(x, W[p + "mlp_norm.weight"])
         a, g = h @ W[p + "mlp.w1.weight"].T, h @ W[p + "mlp.w3.weight"].T
-        x = x + (a * torch.sigmoid(a) * g) @ W[p + "mlp.w2.weight"].T
-    return rms(x, W["norm.weight"]) @ W["lm_head.weight"].T
+        x = x + branch * ((a * torch.sigmoid(a) * g) @ W[p + "mlp.w2.weight"].T)
+    return rms(x, W["norm.weight"]) @ W["lm_head.weight"].T / mult
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_forward_matches_float64_reference(tied):
+@pytest.mark.parametrize("tied,mup", [(False, False), (True, False), (False, True)])
+def test_forward_matches_float64_reference(tied, mup):
     torch.manual_seed(0)
-    model = Llama(tiny_cfg(tie_embeddings=tied, n_layers=3))
+    extra = dict(mup_base_width=16, mup_scale_emb=3.0, mup_scale_depth=1.7) if mup else {}
+    model = Llama(tiny_cfg(tie_embeddings=tied, n_layers=3, **extra))
     # Make the gains non-trivial so a missing or misplaced norm would show.
     with torch.no_grad():
         for n, p in model.named_parameters():

@@ -498,3 +498,34 @@ def test_non_finite_input_raises_value_error_naming_the_problem(call, bad):
     X[1, 2] = bad
     with pytest.raises(ValueError, match="non-finite"):
         call(X)
+
+
+def test_bf16_products_accumulate_in_float32_and_round_once():
+    """bf16_matmul (native or emulated) equals the float64 product of the bf16 operands,
+    rounded to bf16 once: within one bf16 rounding (2⁻⁸ relative) per entry."""
+    from spectra.ops._common import bf16_matmul
+
+    torch.manual_seed(0)
+    A = torch.randn(3, 48, 200).to(torch.bfloat16)
+    B = torch.randn(3, 200, 40).to(torch.bfloat16)
+    exact = A.double() @ B.double()
+    Y = bf16_matmul(A, B)
+    assert Y.dtype == torch.bfloat16
+    err = (Y.double() - exact).abs() / exact.abs().clamp_min(1e-3 * exact.abs().max())
+    assert err.max().item() <= 2.0**-8 * 1.01
+    native = (A @ B).double()  # torch's own bf16 product agrees to within a bf16 rounding
+    assert ((native - Y.double()).abs() <= 2.0**-7 * exact.abs() + 1e-6).all()
+
+
+def test_paper_bf16_run_matches_its_float64_emulation():
+    """soft_clip_paper in bf16 = the same algorithm with every product's operands and result
+    rounded to bf16 (a float64 emulation), to bf16 precision."""
+    torch.manual_seed(1)
+    X = torch.randn(2, 24, 40)
+    c = 2.0
+    Y = soft_clip_paper(X, c, ns_steps=5, dtype=torch.bfloat16)
+    Y_svd = soft_clip(X.double(), c, method="svd")
+    Y64 = soft_clip_paper(X.double(), c, ns_steps=5, dtype=torch.float64)
+    # five bf16 steps stay close to the same five steps in float64 (bf16 rounding only)
+    assert (Y.double() - Y64).norm() / Y64.norm() < 0.03
+    assert (Y64 - Y_svd).norm() / Y_svd.norm() > 1e-3  # N_s = 5 has not converged: not the SVD

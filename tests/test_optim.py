@@ -637,3 +637,25 @@ def test_channels_last_kernels_are_clipped_like_contiguous_ones(make):
             p.grad = gr.clone().to(memory_format=torch.preserve_format)
             opt.step()
     torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_clip_ns_settings_reach_the_paper_operator():
+    """clip_method="paper" with clip_ns_steps/clip_ns_dtype runs soft_clip_paper with them."""
+    from spectra.ops import soft_clip_paper
+
+    torch.manual_seed(0)
+    X0 = torch.randn(24, 16)
+    g = torch.randn(24, 16)
+    p = torch.nn.Parameter(X0.clone())
+    opt = so.SGDM([p], lr=0.1, momentum=0.0, weight_decay=0.0, clip_c=1.0,
+                       clip_method="paper", clip_ns_steps=3, clip_ns_dtype="float64")  # fmt: skip
+    p.grad = g.clone()
+    opt.step()
+    scale = max(1.0, math.sqrt(24 / 16))
+    expected = X0 - 0.1 * scale * soft_clip_paper(g, 1.0, ns_steps=3, dtype=torch.float64)
+    torch.testing.assert_close(p.detach(), expected, rtol=1e-6, atol=1e-7)
+    for bad, match in (({"clip_ns_dtype": "float16"}, "clip_ns_dtype"),
+                       ({"clip_ns_steps": -1}, "clip_ns_steps"),
+                       ({"post": "hard_clip", "clip_ns_steps": 3}, "clip_ns_steps")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            so.AdamW([torch.nn.Parameter(X0.clone())], **bad)

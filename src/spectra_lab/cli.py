@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("spectra_lab.sweep.cli", "a grid of training runs x seeds, resumable, with a report"),
     "analyze": ("spectra_lab.analyze.cli", "spectral diagnostics: spectra, noise, weight norms"),
     "bench": ("spectra_lab.bench.cli", "benchmarks of operators and optimizers"),
+    "mup": ("spectra_lab.mup.cli", "μP tools: the coordinate check"),
 }
 
 

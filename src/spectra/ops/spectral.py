@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops._common import (
+    bf16_matmul,
     check_finite,
     check_matrix_input,
     check_threshold,
@@ -390,13 +391,14 @@ def misr(A: Tensor, alpha: Tensor, ns_steps: int) -> Tensor:
     With ``Â = A/α``, ``Y₀ = Â``, ``Z₀ = I``, each step sets ``T = (3I − ZY)/2``,
     ``Y ← YT``, ``Z ← TZ``; returns ``Z_K/√α ≈ A^{-1/2}``. Requires α ≥ λ_max(A).
     """
+    mm = bf16_matmul if A.dtype == torch.bfloat16 else torch.matmul
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     Y = A / alpha
     Z = eye.expand_as(A).clone()
     for _ in range(ns_steps):
-        T = 0.5 * (3.0 * eye - Z @ Y)
-        Y = Y @ T
-        Z = T @ Z
+        T = 0.5 * (3.0 * eye - mm(Z, Y))
+        Y = mm(Y, T)
+        Z = mm(T, Z)
     return Z / alpha.sqrt()
 
 
@@ -407,8 +409,10 @@ def soft_clip_paper(
 
     ``s²_max = min(‖XXᵀ‖_F, max_i Σ_j |(XXᵀ)_ij|)``; if ``s_max ≤ c`` return X; else
     ``α = 1 + s²_max/c²`` and return ``MISR(I + XXᵀ/c², α, N_s) · X``. All arithmetic runs
-    in ``dtype`` (default float32). Inaccurate when the spectrum has a large spike: the
-    bulk eigenvalues sit near 1/α, where each step grows them only by 1.5×.
+    in ``dtype`` (default float32); bf16 products accumulate in float32 and round to bf16, as
+    on tensor cores, also on CPUs without bf16 units (:func:`bf16_matmul`). Inaccurate when
+    the spectrum has a large spike: the bulk eigenvalues sit near 1/α, where each step grows
+    them only by 1.5×.
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
@@ -419,7 +423,8 @@ def soft_clip_paper(
         return soft_clip(X, c, method="eigh")
     Xw, transposed = wide_view(X)
     Xc = Xw.to(wd)
-    G = Xc @ Xc.mT
+    mm = bf16_matmul if wd == torch.bfloat16 else torch.matmul
+    G = mm(Xc, Xc.mT)
     Gn = G.to(compute_dtype(G))  # the bound in at least float32
     fro = torch.linalg.matrix_norm(Gn, ord="fro")
     gersh = Gn.abs().sum(dim=-1).amax(dim=-1)
@@ -427,7 +432,7 @@ def soft_clip_paper(
     alpha = (1.0 + s2 / c**2).to(wd)[..., None, None]
     eye = torch.eye(G.shape[-1], dtype=wd, device=G.device)
     A = misr(eye + G / c**2, alpha, ns_steps)
-    Y = (A @ Xc).to(X.dtype)
+    Y = mm(A, Xc).to(X.dtype)
     keep = (s2.sqrt() <= c)[..., None, None]
     Y = torch.where(keep, Xw, Y)
     return Y.mT if transposed else Y

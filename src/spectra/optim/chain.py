@@ -58,19 +58,28 @@ class SpectralOp:
     """A spectral operator with its settings, applied to a batch of matrices ``(B, m, n)``.
 
     ``kind`` names the function of :mod:`spectra.ops` (``soft_clip``, ``hard_clip`` or
-    ``orthogonalize``); ``c`` is its threshold (unused by ``orthogonalize``).
+    ``orthogonalize``); ``c`` is its threshold (unused by ``orthogonalize``). ``ns_steps`` and
+    ``ns_dtype``, when given, go to the iterative methods of ``soft_clip`` and
+    ``orthogonalize`` (e.g. the paper's N_s and precision for ``method="paper"``).
     """
 
     kind: PostKind
     c: float | None = None
     method: str = "auto"
+    ns_steps: int | None = None
+    ns_dtype: torch.dtype | None = None
 
     def __call__(self, U: Tensor) -> Tensor:
+        iteration = {}
+        if self.ns_steps is not None:
+            iteration["ns_steps"] = self.ns_steps
+        if self.ns_dtype is not None:
+            iteration["ns_dtype"] = self.ns_dtype
         if self.kind == "orthogonalize":
-            return orthogonalize(U, method=self.method)
+            return orthogonalize(U, method=self.method, **iteration)
         if self.kind == "hard_clip":
             return hard_clip(U, self.c, method=self.method)
-        return soft_clip(U, self.c, method=self.method)
+        return soft_clip(U, self.c, method=self.method, **iteration)
 
 
 @dataclass(frozen=True)

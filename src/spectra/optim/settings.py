@@ -14,6 +14,10 @@ key                   default      meaning
                                    ``"orthogonalize"`` (ignores c)
 ``pre_clip_c``        ``None``     threshold of the soft pre-clip of raw gradients
 ``pre_clip_schedule`` ``None``     its ``step → factor`` schedule
+``clip_ns_steps``     ``None``     iterations of an iterative ``clip_method`` (``"paper"``:
+                                   the paper's N_s); ``None``: the operator's default
+``clip_ns_dtype``     ``None``     its working precision (``torch.bfloat16``, ``float32``,
+                                   ``float64`` or their names); ``None``: the operator's
 ===================== ============ ==========================================================
 """
 
@@ -34,7 +38,7 @@ from spectra.optim.chain import (
     matrix_shape,
 )
 from spectra.optim.distributed import is_sharded
-from spectra.validate import check_choice, check_number
+from spectra.validate import check_choice, check_int, check_number
 
 CLIP_PARAMS = ("matrices", "all")
 SCHEDULE_KEYS = ("clip_schedule", "pre_clip_schedule")
@@ -49,7 +53,16 @@ SPECTRA_DEFAULTS: dict[str, Any] = {
     "post": "soft_clip",
     "pre_clip_c": None,
     "pre_clip_schedule": None,
+    "clip_ns_steps": None,
+    "clip_ns_dtype": None,
 }
+#: working precisions ``clip_ns_dtype`` may name
+NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+
+
+def ns_dtype_of(value: Any) -> torch.dtype | None:
+    """``clip_ns_dtype`` as a ``torch.dtype`` (``None`` stays ``None``)."""
+    return NS_DTYPES.get(value, value) if isinstance(value, str) else value
 
 
 def check_spectra_settings(group: dict[str, Any]) -> None:
@@ -66,15 +79,31 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
                 f"{key} must be None or a callable step -> factor (for example "
                 f"spectra.ClipSchedule or spectra.standard_clip_schedule), got {group[key]!r}"
             )
+    check_int("clip_ns_steps", group["clip_ns_steps"], low=0, none_ok=True)
+    if ns_dtype_of(group["clip_ns_dtype"]) not in (None, *NS_DTYPES.values()):
+        raise ValueError(
+            f"clip_ns_dtype must be None, torch.bfloat16, torch.float32 or torch.float64 (or "
+            f"their names), got {group['clip_ns_dtype']!r}"
+        )
+    iteration = group["clip_ns_steps"] is not None or group["clip_ns_dtype"] is not None
+    if iteration and group["post"] == "hard_clip":
+        raise ValueError("clip_ns_steps and clip_ns_dtype apply to soft_clip and orthogonalize")
     kinds = {group["post"]} | ({"soft_clip"} if group["pre_clip_c"] is not None else set())
     for kind in kinds:
         # Asking the operator keeps this check in step with the methods spectra.ops offers.
         try:
-            SpectralOp(kind, 1.0, group["clip_method"])(torch.eye(2).unsqueeze(0))
+            op_of(group, kind, 1.0)(torch.eye(2).unsqueeze(0))
         except (ValueError, TypeError) as err:
             raise ValueError(
                 f"clip_method={group['clip_method']!r} is not valid for post={kind!r}: {err}"
             ) from None
+
+
+def op_of(group: dict[str, Any], kind: str, c: float | None) -> SpectralOp:
+    """The operator ``kind`` at threshold ``c`` with the group's method and iteration settings."""
+    return SpectralOp(
+        kind, c, group["clip_method"], group["clip_ns_steps"], ns_dtype_of(group["clip_ns_dtype"])
+    )
 
 
 def threshold(c: float | None, schedule: Any, step: int) -> float | None:
@@ -111,7 +140,7 @@ def plan(
     pre = None
     c_pre = threshold(group["pre_clip_c"], group["pre_clip_schedule"], step)
     if c_pre is not None and math.isfinite(c_pre):
-        pre = SpectralOp("soft_clip", c_pre, group["clip_method"])
+        pre = op_of(group, "soft_clip", c_pre)
     if not group_clips(group):
         return ParamPlan(lr, wd, shape, pre, shard=shard)
     scale = group["clip_scale"]
@@ -119,9 +148,7 @@ def plan(
     c = threshold(group["clip_c"], group["clip_schedule"], step)
     post = None
     if group["post"] == "orthogonalize" or math.isfinite(c):
-        post = SpectralOp(
-            group["post"], None if group["post"] == "orthogonalize" else c, group["clip_method"]
-        )
+        post = op_of(group, group["post"], None if group["post"] == "orthogonalize" else c)
     return ParamPlan(lr, wd, shape, pre, post, scale, shard)
 
 

@@ -22,6 +22,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "spectra_lab.bench.step",
         "a training step's time and the optimizer's share (the paper's timing table)",
     ),
+    "plan": (
+        "spectra_lab.bench.plan",
+        "expected step time and memory per GPU of training configs, without running them",
+    ),
     "gpu-model": (
         "spectra_lab.bench.gpu_model",
         "flop and launch-count model of soft clipping on an H100 (not a measurement)",

@@ -40,7 +40,7 @@ def formula(name: str, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
     params = [p for g in optimizer.param_groups for p in g["params"]]
     total = sum(p.numel() for p in params)
     base = name.removeprefix("spectra-")
-    if base in ("adamw", "torch-adamw"):
+    if base in ("adamw", "torch-adamw", "adamw-post-orth"):
         return 2 * total, "2M"
     if base == "ademamix":
         return 3 * total, "3M"

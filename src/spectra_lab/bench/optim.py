@@ -14,8 +14,10 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
   float32.
 
 By default ``paper-wrap-bf16`` runs only where bfloat16 products are fast: where a measured
-bf16 matrix product runs at less than half the float32 rate (CPUs without bf16 units run it
-about 100x slower), it is skipped with a line that says so; ``--methods`` forces it.
+bf16 matrix product runs at less than half the float32 rate, it is skipped with a line that
+says so; ``--methods`` forces it. On CPUs without bf16 units the operators emulate bf16
+products through float32 (:func:`spectra.ops._common.bf16_matmul`), so there the bf16 run
+costs about what the float32 run does.
 
 Time: median wall time of ``step()`` over ``--repeats`` steps after ``--warmup`` steps (the
 gradients are fixed random tensors; CUDA is synchronised around each step).

@@ -1,5 +1,6 @@
-"""The Llama-style language model trained by the harness."""
+"""The Llama-style language model trained by the harness, and its FLOPs per token."""
 
+from spectra_lab.model.flops import flops_per_token, matmul_parameters
 from spectra_lab.model.llama import (
     PRESETS,
     Llama,
@@ -15,6 +16,8 @@ __all__ = [
     "Llama",
     "ModelConfig",
     "apply_rope",
+    "flops_per_token",
+    "matmul_parameters",
     "model_config",
     "rope_frequencies",
     "swiglu_hidden",

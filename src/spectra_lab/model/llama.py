@@ -15,6 +15,19 @@ adopts for its language-model experiments:
   stream (attention ``wo`` and MLP ``w2``) drawn from N(0, (0.02/√(2L))²) (GPT-2's scaled
   residual initialisation); RMSNorm gains start at 1.
 
+With ``mup_base_width`` set, the model is in the maximal-update parametrization (μP; Yang et
+al., "Tensor Programs V", 2022) in the form of "Enhancing LLM Training via Spectral
+Clipping"'s 1.5B runs, with width multiplier ``m = d_model / mup_base_width``:
+
+* attention logits scaled by ``1/d_head`` instead of ``1/√d_head``;
+* each residual branch multiplied by ``mup_scale_depth / √n_layers``;
+* the embedding output multiplied by ``mup_scale_emb``;
+* the logits divided by ``m``;
+* the output projections ``wo`` and ``w2`` drawn from N(0, (init_std/√(2·n_layers·m))²).
+
+The per-layer learning rates of μP (the hidden matrices' lr divided by ``m``) belong to the
+optimizer's parameter groups, which the harness builds (``spectra_lab.train.optimizers``).
+
 Module names are chosen so optimizer parameter groups are easy to select:
 ``tok_embeddings``, ``layers[i].attn.{wq,wk,wv,wo}``, ``layers[i].mlp.{w1,w2,w3}``,
 ``layers[i].attn_norm``, ``layers[i].mlp_norm``, ``norm`` and ``lm_head``.
@@ -59,6 +72,10 @@ class ModelConfig:
     rope_theta: float = 1e4
     init_std: float = 0.02
     mlp_hidden: int | None = None
+    # μP (see the module docstring): None is the standard parametrization
+    mup_base_width: int | None = None
+    mup_scale_emb: float = 10.0
+    mup_scale_depth: float = 1.4
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len"):
@@ -85,6 +102,23 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
         if not self.init_std > 0:
             raise ValueError(f"init_std must be positive, got {self.init_std!r}")
+        if self.mup_base_width is not None:
+            base = self.mup_base_width
+            if isinstance(base, bool) or not isinstance(base, int) or base < 1:
+                raise ValueError(f"mup_base_width must be a positive integer, got {base!r}")
+            if base < self.n_heads:
+                raise ValueError(
+                    f"mup_base_width={base} does not fit the model: the base model needs at "
+                    f"least one coordinate per head (n_heads={self.n_heads})"
+                )
+            for name in ("mup_scale_emb", "mup_scale_depth"):
+                if not getattr(self, name) > 0:
+                    raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+
+    @property
+    def width_mult(self) -> float:
+        """μP's width multiplier ``d_model / mup_base_width`` (1 without μP)."""
+        return 1.0 if self.mup_base_width is None else self.d_model / self.mup_base_width
 
     @property
     def head_dim(self) -> int:
@@ -106,6 +140,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "160m": dict(d_model=768, n_heads=12, n_layers=12, tie_embeddings=False, seq_len=512),
     "780m": dict(d_model=1280, n_heads=20, n_layers=32, tie_embeddings=False, seq_len=1024),
     "820m": dict(d_model=2048, n_heads=16, n_layers=12, tie_embeddings=False, seq_len=1024),
+    # The μP runs of the paper's Table "Short training of 1.5B muP models"
+    "1.5b": dict(d_model=1536, n_heads=24, n_layers=48, tie_embeddings=False, seq_len=512),
     # For tests: about 130k parameters besides the embeddings.
     "tiny": dict(d_model=64, n_heads=4, n_layers=2, tie_embeddings=False, seq_len=64),
     # The default CPU run (about 3M parameters with a 4096-token vocabulary): a few hundred
@@ -115,13 +151,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def model_config(
-    preset: str, vocab_size: int, seq_len: int | None = None, *, vocab_multiple: int = 1
+    preset: str,
+    vocab_size: int,
+    seq_len: int | None = None,
+    *,
+    vocab_multiple: int = 1,
+    **overrides: Any,
 ) -> ModelConfig:
     """The :class:`ModelConfig` of a named preset, for a given vocabulary size.
 
     ``seq_len=None`` keeps the preset's own context length. ``vocab_multiple`` rounds the
     vocabulary up to a multiple (the paper pads GPT-2's 50,257 tokens to 50,304 = 64·786);
-    the extra rows are never targets, so they only cost memory.
+    the extra rows are never targets, so they only cost memory. ``overrides`` replace other
+    :class:`ModelConfig` fields (``d_model``, ``n_layers``, ``n_heads``, the μP fields, ...);
+    a None value keeps the preset's.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; valid presets: {', '.join(PRESETS)}")
@@ -130,6 +173,7 @@ def model_config(
     kwargs = dict(PRESETS[preset])
     if seq_len is not None:
         kwargs["seq_len"] = seq_len
+    kwargs.update({k: v for k, v in overrides.items() if v is not None})
     padded = vocab_multiple * math.ceil(vocab_size / vocab_multiple)
     return ModelConfig(vocab_size=padded, **kwargs)
 
@@ -189,6 +233,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.head_dim
+        # μP scales the logits by 1/d_head; None is SDPA's default 1/√d_head
+        self.scale = None if cfg.mup_base_width is None else 1.0 / cfg.head_dim
         d = cfg.d_model
         self.wq = nn.Linear(d, d, bias=False)
         self.wk = nn.Linear(d, d, bias=False)
@@ -202,7 +248,11 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, self.n_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            scale=self.scale,
         )
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -227,10 +277,16 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.hidden_dim)
+        # μP multiplies each residual branch by scale_depth/√L
+        mup = cfg.mup_base_width is not None
+        self.branch_scale = cfg.mup_scale_depth / math.sqrt(cfg.n_layers) if mup else 1.0
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.mlp(self.mlp_norm(x))
+        if self.branch_scale == 1.0:
+            x = x + self.attn(self.attn_norm(x), cos, sin)
+            return x + self.mlp(self.mlp_norm(x))
+        x = x + self.branch_scale * self.attn(self.attn_norm(x), cos, sin)
+        return x + self.branch_scale * self.mlp(self.mlp_norm(x))
 
 
 # --------------------------------------------------------------------------- model
@@ -263,7 +319,7 @@ class Llama(nn.Module):
         """Draw all weights as described in the module docstring; rebuild RoPE tables."""
         cfg = self.cfg
         std = cfg.init_std
-        residual_std = std / math.sqrt(2 * cfg.n_layers)
+        residual_std = std / math.sqrt(2 * cfg.n_layers * cfg.width_mult)
         nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
         if not cfg.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, mean=0.0, std=std)
@@ -289,10 +345,14 @@ class Llama(nn.Module):
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's seq_len={self.cfg.seq_len}")
         x = self.tok_embeddings(idx)
+        if self.cfg.mup_base_width is not None:
+            x = x * self.cfg.mup_scale_emb
         cos, sin = self.rope_cos[:T].float(), self.rope_sin[:T].float()
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
+        if self.cfg.mup_base_width is not None:
+            logits = logits / self.cfg.width_mult
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

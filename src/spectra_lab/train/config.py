@@ -36,6 +36,7 @@ SCHEDULES = ("wsd", "cosine", "constant")
 CLIP_SCHEDULES = ("standard", "constant")
 PRE_CLIP_SCHEDULES = ("constant", "cosine")
 AUTOCAST_MODES = ("auto", "bf16", "none")
+PARAMETRIZATIONS = ("standard", "mup")
 #: how several processes share the model: replicated (DDP) or sharded (FSDP2)
 PARALLEL_MODES = ("ddp", "fsdp2")
 #: groups whose matrices the spectral monitor may watch ("norm" holds vectors only)
@@ -71,11 +72,24 @@ class TrainConfig:
     dataset: str = "shakespeare"  # a name for spectra_lab.data.prepare, or a prepared directory
     tokenizer: str = "bpe"
     vocab_size: int = 4096  # tokenizer vocabulary (used when the dataset is prepared here)
+    vocab_multiple: int = 1  # the model's vocabulary rounded up to a multiple (GPT-2: 64)
     data_dir: str | None = None  # prepared-datasets root; None: $SPECTRA_CACHE or ~/.cache/spectra
 
     # model
     preset: str = "cpu-small"
     seq_len: int | None = None  # None: the preset's sequence length
+    # the preset's shape, changed (None: the preset's own)
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    # "mup": the maximal-update parametrization of the paper's 1.5B runs (model multipliers
+    # and per-layer learning rates; docs/scale.md#mup), relative to a base model of width
+    # mup_base_width
+    parametrization: str = "standard"
+    mup_base_width: int = 256
+    mup_scale_emb: float = 10.0
+    mup_scale_depth: float = 1.4
+    mup_lr_scaling: bool = True  # hidden/attention lr ÷ (d_model/mup_base_width)
 
     # steps and batch
     steps: int = 300
@@ -131,6 +145,8 @@ class TrainConfig:
     autocast: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | none
     compile: bool = False
     sync_timing: bool = True  # synchronize CUDA around timed phases
+    # the device's peak TFLOP/s for the logged MFU; None: looked up for known GPUs (throughput.py)
+    peak_tflops: float | None = None
     # several processes (torchrun): "ddp" replicates the model, "fsdp2" shards it
     parallel: str = "ddp"
 
@@ -164,6 +180,19 @@ class TrainConfig:
                 f"{world_size} needs {accum}; give one of the two"
             )
         return accum
+
+    def model_overrides(self) -> dict[str, Any]:
+        """The :class:`~spectra_lab.model.ModelConfig` fields this config changes in its preset."""
+        mup = self.parametrization == "mup"
+        return {
+            "seq_len": self.seq_len,
+            "d_model": self.d_model,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "mup_base_width": self.mup_base_width if mup else None,
+            "mup_scale_emb": self.mup_scale_emb,
+            "mup_scale_depth": self.mup_scale_depth,
+        }
 
     def validate(self) -> None:
         """Raise a one-line ``ConfigError`` naming the first field with a bad value."""
@@ -227,7 +256,15 @@ _positive_or_off = partial(check_number, low=0.0, low_open=True, none_ok=True)
 _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "seed": check_int,
     "vocab_size": _positive_int,
+    "vocab_multiple": _positive_int,
     "seq_len": partial(check_int, low=1, none_ok=True),
+    "d_model": partial(check_int, low=1, none_ok=True),
+    "n_layers": partial(check_int, low=1, none_ok=True),
+    "n_heads": partial(check_int, low=1, none_ok=True),
+    "parametrization": partial(check_choice, choices=PARAMETRIZATIONS),
+    "mup_base_width": _positive_int,
+    "mup_scale_emb": partial(check_number, low=0.0, low_open=True),
+    "mup_scale_depth": partial(check_number, low=0.0, low_open=True),
     "steps": _positive_int,
     "batch_size": _positive_int,
     "grad_accum": _positive_int,
@@ -258,6 +295,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "device": _device,
     "autocast": partial(check_choice, choices=AUTOCAST_MODES),
     "parallel": partial(check_choice, choices=PARALLEL_MODES),
+    "peak_tflops": _positive_or_off,
 }
 
 

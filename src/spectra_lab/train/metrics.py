@@ -46,6 +46,9 @@ TRAIN_COLUMNS = (
     "t_monitor",
     "t_step",
     "tokens_per_s",
+    "tokens_per_s_per_device",
+    "mfu",
+    "peak_mem_gb",
 )
 EVAL_COLUMNS = ("step", "tokens", "val_loss", "val_ppl", "t_eval")
 
@@ -220,15 +223,22 @@ class RunLog:
         if not self.active:
             return
         self._record("train", r)
+        mfu = {} if r.get("mfu") is None else {"mfu": f"{100 * r['mfu']:.1f}%"}
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(
-                loss=f"{r['loss']:.4f}", lr=f"{r['lr']:.2e}", tok_s=f"{r['tokens_per_s']:.0f}"
+                loss=f"{r['loss']:.4f}",
+                lr=f"{r['lr']:.2e}",
+                tok_s=f"{r['tokens_per_s']:.0f}",
+                **mfu,
             )
         elif r["step"] % self.cfg.log_interval == 0:
+            extra = "".join(f" | mfu {v}" for v in mfu.values())
+            if r.get("peak_mem_gb") is not None:
+                extra += f" | mem {r['peak_mem_gb']:.2f} GB"
             self.line(
                 f"step {r['step']:>6} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
-                f"{r['tokens_per_s']:.0f} tok/s"
+                f"{r['tokens_per_s']:.0f} tok/s{extra}"
             )
 
     def eval(self, step: int, tokens: int, val_loss: float, seconds: float) -> None:

@@ -41,7 +41,7 @@ CONFIG_KEYWORDS = (
     "pre_clip_schedule",
 )  # fmt: skip
 #: per-group SPECTRA settings without a config field; spectra's optimizers take them
-SPECTRA_KEYWORDS = ("clip_method", "clip_params", "post")
+SPECTRA_KEYWORDS = ("clip_method", "clip_params", "post", "clip_ns_steps", "clip_ns_dtype")
 
 
 def group_of(name: str, param: torch.Tensor) -> str:
@@ -71,15 +71,34 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> Groups:
     for name, p in model.named_parameters():  # tied weights appear once
         if p.requires_grad:
             buckets.setdefault(group_of(name, p), []).append(p)
+    mult = mup_lr_multipliers(cfg)
     return [
         {
             "params": params,
             "group": group,
             "weight_decay": cfg.weight_decay if group in DECAY_GROUPS else 0.0,
             "spectral_clip": group in cfg.clip_groups,
+            **({"lr": cfg.lr * mult[group]} if group in mult else {}),
         }
         for group, params in buckets.items()
     ]
+
+
+def mup_lr_multipliers(cfg: TrainConfig) -> dict[str, float]:
+    """μP's per-layer learning rates, as multipliers of ``cfg.lr`` per group.
+
+    The hidden and attention matrices take ``lr / m`` with ``m = d_model / mup_base_width``
+    (μP for Adam- and sign-type updates, whose entries do not shrink with width); the
+    embedding, the head and the norm gains keep ``lr``. Empty for the standard
+    parametrization and with ``mup_lr_scaling`` off (the Llama runs of "Enhancing LLM
+    Training via Spectral Clipping" kept one lr for every parameter).
+    """
+    if cfg.parametrization != "mup" or not cfg.mup_lr_scaling:
+        return {}
+    from spectra_lab.model import PRESETS
+
+    d_model = cfg.d_model or PRESETS.get(cfg.preset, {}).get("d_model", cfg.mup_base_width)
+    return {group: cfg.mup_base_width / d_model for group in DECAY_GROUPS}
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,7 +12,13 @@ Then one loop, whose body is a step:
    optimizer computes from its clip schedule;
 4. the LR scheduler's step, ``η_k = η · S_lr(k)`` (WSD or cosine, with linear warmup);
 
-then the step's metrics and log line, an evaluation and a checkpoint when they are due.
+then the step's metrics, an evaluation and a checkpoint when they are due. The step's loss and
+gradient norm stay on the device until a report is due (every ``log_interval`` steps, before
+an evaluation or a checkpoint, at the last step, and at every step when ``train(on_step=...)``
+asks for the records): one host synchronisation then reads them all and the records of those
+steps are written, as nanoGPT and torchtitan do, so that the host keeps queuing kernels while
+the GPU runs the ones before them. Each record holds the throughput, the MFU and the peak memory
+(``throughput.py``; the model's FLOPs per token come from ``spectra_lab.model.flops``).
 With ``monitor_every > 0`` a ``spectra.SpectralMonitor`` reads the gradients before step 3 and
 the weights after it (its scalars become records of kind "monitor"); ``train(watch=...)`` adds
 other observers with the same two calls (``spectra analyze`` records spectra that way).
@@ -46,6 +52,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from spectra import SpectralMonitor, cosine_schedule, wsd_schedule
+from spectra_lab.model.flops import flops_per_token
 from spectra_lab.train.checkpoint import (
     CheckpointError,
     LRSchedule,
@@ -72,6 +79,7 @@ from spectra_lab.train.optimizers import (
     group_of,
 )
 from spectra_lab.train.runtime import Runtime, build_runtime
+from spectra_lab.train.throughput import peak_flops, peak_memory_gb, rates
 
 OnStep = Callable[[int, dict[str, Any]], None]
 
@@ -114,7 +122,8 @@ def train(
 
     ``on_step(step, record)`` is called on every rank after each optimizer step, with
     the step count so far and the step's metrics; raising from it stops training the
-    way an interruption would (no checkpoint is written).
+    way an interruption would (no checkpoint is written). Given, it makes the loop read the
+    step's loss and gradient norm from the device at every step.
 
     ``watch(ctx)``, called on every rank once the optimizer is built (``ctx``: a
     :class:`RunContext`), returns an observer whose ``before_step()`` runs after gradient
@@ -124,9 +133,10 @@ def train(
     """
     # The run directory records the warmup in force, so that a resumed run keeps it.
     cfg = dataclasses.replace(cfg, warmup_steps=cfg.warmup)
-    lr_lambda = build_lr_lambda(cfg)  # the three check their settings before anything runs
+    lr_lambda = build_lr_lambda(cfg)  # these check their settings before anything runs
     check_optimizer(cfg)
     check_loggers(cfg)
+    model_config_of(cfg, vocab_size=1)  # the shape and μP fields (the vocabulary comes later)
     try:
         return _train(cfg, lr_lambda, on_step, watch)
     finally:
@@ -170,6 +180,8 @@ def _train(
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len * rt.world_size
+    flops = flops_per_token(model_cfg)
+    peak = peak_flops(rt.device, rt.autocast_dtype, cfg.peak_tflops)
     about = {  # run.json
         "world_size": rt.world_size,
         "parallel": cfg.parallel,
@@ -178,6 +190,8 @@ def _train(
         "torch": torch.__version__,
         "parameters": sum(p.numel() for p in params),
         "tokens_per_step": tokens_per_step,
+        "flops_per_token": flops,
+        "peak_tflops": peak / 1e12 if peak is not None else None,
         "started_at_step": start,
         "dataset_dir": str(dataset_dir),
         "model_config": dataclasses.asdict(model_cfg),
@@ -191,6 +205,7 @@ def _train(
     }
 
     val_loss = None
+    pending: list[Pending] = []  # the steps since the last report
     model.train()
     with RunLog(run_dir, cfg, rt, start, about) as log:
         for step in range(start, cfg.steps):
@@ -206,32 +221,32 @@ def _train(
                 spectral = around_step(monitor, observer, timer, "after_step")
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                loss = rt.mean(loss).item()
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss} at step {step + 1}")
+                loss, grad_norm = rt.mean(loss), full(grad_norm)  # still on the device
             done, tokens = step + 1, tokens + tokens_per_step
             record = {
                 "step": done,
                 "tokens": tokens,
-                "loss": loss,
+                "loss": loss,  # the two tensors are read by report()
                 "lr": lr,
                 "clip_c": clip_c,
-                "grad_norm": full(grad_norm).item(),
+                "grad_norm": grad_norm,
                 **timer.times,
-                "tokens_per_s": tokens_per_step / timer.times["t_step"],
+                **rates(tokens_per_step, timer.times["t_step"], rt.world_size, flops, peak),
+                "peak_mem_gb": peak_memory_gb(rt.device),
             }
-            log.train(record)
-            log.monitor(done, spectral)
-            if on_step is not None:
-                on_step(done, record)
+            pending.append(Pending(record, spectral))
 
-            if done % cfg.eval_interval == 0 or done == cfg.steps:
+            evaluate_now = done % cfg.eval_interval == 0 or done == cfg.steps
+            save_now = done == cfg.steps or (
+                cfg.checkpoint_interval > 0 and done % cfg.checkpoint_interval == 0
+            )
+            if on_step is not None or evaluate_now or save_now or done % cfg.log_interval == 0:
+                report(pending, log, on_step)
+            if evaluate_now:
                 with timer("eval"):
                     val_loss = evaluate(model, val, cfg, rt)
                 log.eval(done, tokens, val_loss, timer.times["t_eval"])
-            if done == cfg.steps or (
-                cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
-            ):
+            if save_now:
                 scalars = {"step": done, "tokens": tokens, **ckpt_scalars}
                 save_checkpoint(run_dir, cfg, rt, components, scalars)
 
@@ -271,14 +286,26 @@ def resolve_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
     return Path(rt.broadcast(path))
 
 
+def model_config_of(cfg: TrainConfig, vocab_size: int) -> Any:
+    """The ``ModelConfig`` of ``cfg``: its preset with the shape and μP fields it changes; a
+    shape that does not work is a one-line ``ConfigError`` naming the field."""
+    from spectra_lab.model import model_config
+
+    overrides = cfg.model_overrides()
+    try:
+        return model_config(cfg.preset, vocab_size, vocab_multiple=cfg.vocab_multiple, **overrides)
+    except ValueError as exc:
+        msg = str(exc)
+        named = [k for k in overrides if k in msg and getattr(cfg, k, None) is not None]
+        field_ = "mup_base_width" if "mup_base_width" in msg else (named[0] if named else "preset")
+        raise ConfigError(f"config field '{field_}' = {getattr(cfg, field_)!r}: {msg}") from None
+
+
 def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[nn.Module, Any]:
     """The Llama of preset ``cfg.preset`` and its config (same initial weights on every rank)."""
-    from spectra_lab.model import Llama, model_config
+    from spectra_lab.model import Llama
 
-    try:
-        model_cfg = model_config(cfg.preset, vocab_size, seq_len=cfg.seq_len)
-    except ValueError as exc:
-        raise ConfigError(f"config field 'preset' = {cfg.preset!r}: {exc}") from None
+    model_cfg = model_config_of(cfg, vocab_size)
     torch.manual_seed(cfg.seed)
     return Llama(model_cfg), model_cfg
 
@@ -436,7 +463,10 @@ def forward_backward(
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(cfg.grad_accum):
         with timer("data"):
-            x, y = (t.to(rt.device, non_blocking=True) for t in sampler.next_batch())
+            batch = sampler.next_batch()
+            if rt.device.type == "cuda":  # pinned, the copy does not wait for the host
+                batch = tuple(t.pin_memory() for t in batch)
+            x, y = (t.to(rt.device, non_blocking=True) for t in batch)
         with gradient_sync(forward, last=micro == cfg.grad_accum - 1):
             with timer("forward"), rt.autocast():
                 _, loss = forward(x, y)
@@ -470,6 +500,36 @@ def around_step(monitor: Any, observer: Any, timer: Timer, call: str) -> dict[st
         with timer("analysis"):
             getattr(observer, call)()
     return out
+
+
+@dataclass
+class Pending:
+    """A step's train record whose ``loss`` and ``grad_norm`` are still tensors on the device,
+    and the spectral monitor's scalars of that step (already numbers)."""
+
+    record: dict[str, Any]
+    spectral: dict[str, float]
+
+
+def report(pending: list[Pending], log: RunLog, on_step: OnStep | None) -> None:
+    """Read the pending steps' device scalars in one host synchronisation, then log each step's
+    records and call ``on_step``, in step order; empty ``pending``.
+
+    A non-finite loss stops the run with ``FloatingPointError`` naming its step, once the steps
+    before it are logged.
+    """
+    scalars = torch.stack(
+        [torch.stack((p.record["loss"].double(), p.record["grad_norm"].double())) for p in pending]
+    ).tolist()  # float64 holds every float32 value exactly, as .item() would give it
+    for p, (loss, grad_norm) in zip(pending, scalars, strict=True):
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {p.record['step']}")
+        p.record.update(loss=loss, grad_norm=grad_norm)
+        log.train(p.record)
+        log.monitor(p.record["step"], p.spectral)
+        if on_step is not None:
+            on_step(p.record["step"], p.record)
+    pending.clear()
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""μP tools: the coordinate check (``spectra mup coord-check``)."""
