@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from spectra_lab.cli import main
-from spectra_lab.sweep.grid import SweepError, read_grid, status
+from spectra_lab.sweep.grid import SweepError, check_unchanged, read_grid, status
 from spectra_lab.sweep.report import aggregate
 from spectra_lab.train.trainer import train
 
@@ -140,6 +140,7 @@ def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_pat
         r.name: (Path(r.config.out_dir) / "summary.json").stat().st_mtime_ns for r in runs
     }
     assert (out / "curves.png").stat().st_size > 0
+    assert (out / "tuning.png").stat().st_size > 0
     assert (out / "grid.yaml").read_text() == grid.read_text()
 
     # the grid changed under the finished runs: refused in one line, nothing trained
@@ -163,3 +164,20 @@ def test_aggregate_reports_missing_seeds_without_inventing_numbers(tmp_path, dat
     loss = json.loads((Path(runs[1].config.out_dir) / "summary.json").read_text())["val_loss"]
     assert group["mean"] == pytest.approx(loss)
     assert [r["status"] for r in report["runs"]] == ["new", "done", "new"]
+
+
+def test_a_run_saved_before_a_field_existed_is_not_refused(tmp_path):
+    """A config.yaml without a field that was added later: the run had that field's default."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("base: {preset: tiny, steps: 2}\ngrid:\n  lr: [1.0e-3]\n")
+    (run,) = read_grid(grid, tmp_path / "out")
+    folder = Path(run.config.out_dir)
+    folder.mkdir(parents=True)
+    saved = {**run.config.to_dict(), "warmup_steps": run.config.warmup}  # as the trainer saves
+    saved.pop("mup_base_width")  # as an older version would have written it
+    (folder / "config.yaml").write_text(yaml.safe_dump(saved))
+    check_unchanged(run)  # no error
+    saved["mup_base_width"] = 128  # a value other than the default is a different run
+    (folder / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(SweepError, match="mup_base_width = 128"):
+        check_unchanged(run)

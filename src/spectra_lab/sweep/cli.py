@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel (1)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
     parser.add_argument("--tune", default="lr", help="field whose best value is reported (lr)")
+    parser.add_argument(
+        "--lines", default=None, metavar="FIELD",
+        help="tuning.png: a line per value of this grid field (e.g. d_model), a panel per rest",
+    )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their status")
     parser.add_argument("--report-only", action="store_true", help="only rewrite the report")
     parser.add_argument("--no-plot", action="store_true", help="no curves.png")
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             check_unchanged(r)
     except SweepError as exc:
         raise CLIError(str(exc)) from None
-    report = {"tune": args.tune, "plot": not args.no_plot}
+    report = {"tune": args.tune, "plot": not args.no_plot, "lines": args.lines}
     if args.dry_run:
         for r in runs:
             print(f"{status(r):>7}  {r.name}")

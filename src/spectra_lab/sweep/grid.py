@@ -148,12 +148,15 @@ def check_unchanged(run: Run) -> None:
         "warmup_steps": run.config.warmup,
         "grad_accum": run.config.accumulation(1),
     }
+    # a field the saved config lacks is newer than the run, which had its default
+    defaults = TrainConfig().to_dict()
     for key in sorted(set(saved) | set(wanted)):
         if key in NOT_COMPARED:
             continue
-        if saved.get(key) != wanted.get(key):
+        before = saved[key] if key in saved else defaults.get(key)
+        if before != wanted.get(key):
             raise SweepError(
-                f"{run.config.out_dir} was trained with {key} = {saved.get(key)!r}, the grid "
+                f"{run.config.out_dir} was trained with {key} = {before!r}, the grid "
                 f"now says {wanted.get(key)!r}; use another --out or delete that run"
             )
 

@@ -132,11 +132,74 @@ def plot_curves(runs: list[Run], report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(runs: list[Run], out: Path, tune: str = "lr", plot: bool = True) -> dict:
-    """Write ``results.json``, ``results.md`` and (``plot``) ``curves.png`` under ``out``."""
+def plot_tuning(report: dict[str, Any], path: Path, lines: str | None = None) -> bool:
+    """Final validation loss against the tuned field, mean ± std over seeds.
+
+    One panel per method, or, with ``lines``, one panel per method without that field and one
+    line per value of it (e.g. ``lines="d_model"``: does the best lr move with the width?).
+    Returns False (and draws nothing) when no group has the tuned field.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tune = report["tune"]
+    panels: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+    for row in report["groups"]:
+        point = row["point"]
+        if tune not in point or row["mean"] is None:
+            continue
+        rest = {k: v for k, v in point.items() if k not in (tune, lines)}
+        line = label({lines: point[lines]}) if lines in point else "loss"
+        xs = panels.setdefault(label(rest), {}).setdefault(line, [])
+        xs.append((float(point[tune]), row["mean"], row["std"] or 0.0))
+    if not panels:
+        return False
+    cols = min(len(panels), 2)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False,
+                             sharey=True)  # fmt: skip
+    for ax, (panel, series) in zip(axes.flat, panels.items(), strict=False):
+        for name, pts in series.items():
+            pts.sort()
+            xs, ys, es = zip(*pts, strict=True)
+            ax.errorbar(xs, ys, yerr=es, marker="o", ms=3, capsize=2, label=name)
+            best = min(pts, key=lambda t: t[1])
+            ax.plot([best[0]], [best[1]], marker="*", ms=10, color=ax.lines[-1].get_color())
+        values = sorted({x for pts in series.values() for x, _, _ in pts})
+        if values[0] > 0:
+            ax.set_xscale("log")
+            ax.minorticks_off()
+        ax.set_xticks(values, [f"{x:g}" for x in values], fontsize=7)
+        ax.set_title(panel, fontsize=8)
+        ax.set_xlabel(tune)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    axes[0, 0].set_ylabel("final validation loss")
+    finite = [y for ax in axes.flat for ln in ax.lines for y in ln.get_ydata()]
+    finite = [y for y in finite if math.isfinite(y)]
+    if finite:  # diverged runs would flatten the differences that matter
+        axes[0, 0].set_ylim(min(finite) - 0.05, min(max(finite), min(finite) + 1.5) + 0.05)
+    fig.suptitle(f"final validation loss against {tune} (mean ± std over seeds; * best)",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(
+    runs: list[Run], out: Path, tune: str = "lr", plot: bool = True, lines: str | None = None
+) -> dict:
+    """Write ``results.json``, ``results.md`` and (``plot``) ``curves.png`` and ``tuning.png``
+    (loss against the tuned field, a line per value of ``lines``) under ``out``."""
     report = aggregate(runs, tune)
     atomic_write(out / "results.json", json.dumps(report, indent=1) + "\n")
     atomic_write(out / "results.md", to_markdown(report))
     if plot:
         plot_curves(runs, report, out / "curves.png")
+        plot_tuning(report, out / "tuning.png", lines)
     return report
