@@ -19,7 +19,6 @@ import math
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -27,6 +26,7 @@ from spectra_lab.model import Llama
 from spectra_lab.train.config import ConfigError, TrainConfig, build_config, read_config_file
 from spectra_lab.train.optimizers import build_optimizer, check_optimizer
 from spectra_lab.train.trainer import build_lr_lambda, model_config_of, train
+from test_train import write_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -106,28 +106,6 @@ def test_config_validates_and_its_model_has_the_size_of_its_name(path: Path):
         assert not cfg.mup_lr_scaling  # the authors' Llama runs keep one lr
 
 
-def write_corpus(folder: Path, vocab: int = 64, n_train: int = 8192, n_val: int = 2048) -> Path:
-    """A prepared dataset of tokens where each one mostly follows from the last."""
-    rng = np.random.default_rng(0)
-    table = rng.permutation(vocab)
-
-    def stream(n: int) -> np.ndarray:
-        out = np.empty(n, dtype=np.uint16)
-        out[0] = 0
-        noise = rng.random(n) < 0.1
-        rand = rng.integers(0, vocab, n)
-        for i in range(1, n):
-            out[i] = rand[i] if noise[i] else table[out[i - 1]]
-        return out
-
-    folder.mkdir(parents=True, exist_ok=True)
-    stream(n_train).tofile(folder / "train.bin")
-    stream(n_val).tofile(folder / "val.bin")
-    meta = {"vocab_size": vocab, "dtype": "uint16", "tokenizer": "test"}
-    (folder / "meta.json").write_text(json.dumps(meta))
-    return folder
-
-
 #: one file per model family, then the optimizers and options the first five leave out
 #: (clipping of every group, pre-clipping, the paper's operator, post-orthogonalization, μP and
 #: the spectral monitor are all among them)
@@ -152,7 +130,7 @@ def test_shrunk_copy_trains_two_steps_on_cpu(stem: str, tmp_path_factory, tmp_pa
     cfg = load(CONFIGS / f"{stem}.yaml")
     corpus = tmp_path_factory.getbasetemp() / "paper-corpus"
     if not (corpus / "meta.json").is_file():
-        write_corpus(corpus)
+        write_dataset(corpus)
     small = dataclasses.replace(
         cfg,
         dataset=str(corpus),

@@ -75,7 +75,7 @@ class StepCount:
         self.step += 1
 
     def after_step(self) -> None:
-        pass
+        """The step count moves in before_step; nothing to record after it."""
 
 
 def test_step_loop_reads_device_scalars_on_report_steps_only(train_dataset, tmp_path, monkeypatch):

@@ -61,7 +61,7 @@ class ActivationRecorder:
         self._handles.append(handle)
 
     def before_step(self) -> None:
-        pass
+        """Nothing to do before the step: the hooks record during the forward pass."""
 
     def after_step(self) -> dict[str, float]:
         self._seen.clear()
