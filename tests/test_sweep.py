@@ -131,6 +131,19 @@ def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_pat
         assert group["seeds_done"] == 2
     (best,) = report["best"]
     assert best["mean"] == min(g["mean"] for g in report["groups"])
+    # step times: the median of each run's logged t_step after the warm-up steps
+    for record, run in zip(report["runs"], runs, strict=True):
+        logged = [
+            r for r in map(json.loads, (Path(run.config.out_dir) / "metrics.jsonl").open())
+            if r["kind"] == "train" and r["step"] > 5
+        ]  # fmt: skip
+        assert record["step_s"] == pytest.approx(statistics.median(r["t_step"] for r in logged))
+        assert record["optimizer_s"] == pytest.approx(
+            statistics.median(r["t_optimizer"] for r in logged)
+        )
+    for g in report["groups"]:
+        steps = [r["step_s"] for r in report["runs"] if r["point"] == g["point"]]
+        assert g["step_s"] == pytest.approx(statistics.median(steps))
     assert "± " in (out / "results.md").read_text()
 
     # a second invocation trains nothing: every summary stays as it was

@@ -1,10 +1,11 @@
 """A sweep's results: final validation loss per run, mean ± std over seeds, best lr, curves.
 
-``results.json`` holds one record per run (its point, seed, status and final validation loss)
-and one per group of runs that differ only in seed (mean, sample standard deviation, count);
-``results.md`` is the same as tables, with the best value of the tuned field (default ``lr``)
-per method; ``curves.png`` draws each group's validation loss, mean over seeds with a
-min–max band. All three are written atomically.
+``results.json`` holds one record per run (its point, seed, status, final validation loss and
+median step and optimizer-step times) and one per group of runs that differ only in seed
+(mean, sample standard deviation, count, median step time); ``results.md`` is the same as
+tables, with the best value of the tuned field (default ``lr``) per method; ``curves.png``
+draws each group's validation loss, mean over seeds with a min–max band. All three are
+written atomically.
 """
 
 from __future__ import annotations
@@ -32,20 +33,39 @@ def curve(run: Run) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in records if r.get("kind") == "eval"]
 
 
+#: Steps left out of a run's median step time (allocator and cache warm-up).
+WARMUP_STEPS = 5
+
+
+def step_times(run: Run) -> tuple[float | None, float | None]:
+    """The median ``t_step`` and ``t_optimizer`` (s) of the run's logged steps after the first
+    ``WARMUP_STEPS``; ``None`` where it logged none."""
+    records = read_jsonl(Path(run.config.out_dir) / "metrics.jsonl")
+    steps = [r for r in records if r.get("kind") == "train" and r.get("step", 0) > WARMUP_STEPS]
+    medians = []
+    for key in ("t_step", "t_optimizer"):
+        values = [float(r[key]) for r in steps if r.get(key) is not None]
+        medians.append(statistics.median(values) if values else None)
+    return medians[0], medians[1]
+
+
 def aggregate(runs: list[Run], tune: str = "lr") -> dict[str, Any]:
     """Per-run records, per-group mean ± std over seeds, and the best ``tune`` per method."""
     per_run = []
     groups: dict[str, dict[str, Any]] = {}
     for run in runs:
         loss = final_val_loss(run)
+        step_s, optimizer_s = step_times(run)
         per_run.append(
             {"name": run.name, "point": run.point, "seed": run.seed, "status": status(run),
-             "val_loss": loss}
+             "val_loss": loss, "step_s": step_s, "optimizer_s": optimizer_s}
         )  # fmt: skip
-        g = groups.setdefault(run.group, {"point": run.point, "losses": [], "runs": 0})
+        g = groups.setdefault(run.group, {"point": run.point, "losses": [], "runs": 0, "steps": []})
         g["runs"] += 1
         if loss is not None:
             g["losses"].append(loss)
+        if step_s is not None:
+            g["steps"].append(step_s)
     summary = []
     for name, g in groups.items():
         losses = g["losses"]
@@ -57,6 +77,7 @@ def aggregate(runs: list[Run], tune: str = "lr") -> dict[str, Any]:
                 "seeds": g["runs"],
                 "mean": statistics.fmean(losses) if losses else None,
                 "std": statistics.stdev(losses) if len(losses) > 1 else None,
+                "step_s": statistics.median(g["steps"]) if g["steps"] else None,
             }
         )
     best: dict[str, dict[str, Any]] = {}
@@ -78,9 +99,15 @@ def _pm(mean: float | None, std: float | None, n: int, total: int) -> str:
 
 def to_markdown(report: dict[str, Any]) -> str:
     tune = report["tune"]
-    lines = ["| run group | final val loss, mean ± std over seeds |", "|---|---|"]
+    lines = [
+        "| run group | final val loss, mean ± std over seeds | median step (s) |",
+        "|---|---|---|",
+    ]
     for g in report["groups"]:
-        lines.append(f"| {g['group']} | {_pm(g['mean'], g['std'], g['seeds_done'], g['seeds'])} |")
+        step = f"{g['step_s']:.3f}" if g.get("step_s") is not None else "–"
+        lines.append(
+            f"| {g['group']} | {_pm(g['mean'], g['std'], g['seeds_done'], g['seeds'])} | {step} |"
+        )
     if report["best"]:
         lines += ["", f"| method | best {tune} | final val loss |", "|---|---|---|"]
         for b in report["best"]:
