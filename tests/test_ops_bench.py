@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import types
 from pathlib import Path
@@ -59,6 +60,81 @@ def test_bench_ops_does_not_import_the_optimizer_benchmark(tmp_path, monkeypatch
     args = ["bench", "ops", "--quick", "--no-progress", "--dtypes", "fp32", "--inputs", "gauss"]
     assert main([*args, "--shapes", "768x768"]) == 0  # --quick overrides the shapes
     assert "spectra_lab.bench.optim" not in sys.modules
+
+
+# --------------------------------------------------------------------------- --sizes
+
+
+def test_bench_ops_sizes_times_square_inputs_and_draws_the_figure(tmp_path, capsys):
+    out, png = tmp_path / "sizes.json", tmp_path / "sizes.png"
+    names = ["auto", "paper_fp32", "paper_bf16", "orth_muon", "orth_muon_fp32"]
+    args = ["bench", "ops", "--sizes", "16", "32", "--dtypes", "fp32", "--methods", *names]
+    args += ["--paper-bf16", "always", "--repeats", "2", "--threads", "1", "--no-progress"]
+    assert main([*args, "--out", str(out), "--plot-sizes", str(png)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert len(cells) == 2 * len(names)  # one cell per (method, size); default kind only
+    assert {(c["method"], c["shape"]) for c in cells} == {
+        (name, shape) for name in names for shape in ("16x16", "32x32")
+    }
+    assert {(c["dtype"], c["input"]) for c in cells} == {("fp32", bench_ops.SIZES_INPUT)}
+    for c in cells:
+        assert math.isfinite(c["time_ms"]) and c["time_ms"] > 0 and 1 <= c["runs"] <= 2
+        assert math.isfinite(c["rel_err"])
+        if c["method"] == "auto":
+            assert c["rel_err"] <= 1e-2
+    assert png.read_bytes().startswith(b"\x89PNG")
+    printed = capsys.readouterr().out
+    assert "| 16x16 | fp32 | adam_spike |" in printed  # the usual table, n x n shapes
+    # the sizes table: median ms per method and the SSC/orthogonalization ratios
+    ms = {(c["method"], c["shape"]): c["time_ms"] for c in cells}
+    row = next(
+        line for line in printed.splitlines() if line.startswith("| fp32 | adam_spike | 32 |")
+    )
+    ratio = ms["paper_fp32", "32x32"] / ms["orth_muon_fp32", "32x32"]
+    assert row.rstrip(" |").split(" | ")[-2] == f"{ratio:.2f}"
+    assert "paper_bf16/orth_muon | paper_fp32/orth_muon_fp32 | auto/orth_muon_fp32 |" in printed
+
+
+def test_bench_ops_sizes_follow_inputs_and_dtypes(tmp_path):
+    out, png = tmp_path / "sizes.md", tmp_path / "sizes.png"
+    args = ["bench", "ops", "--sizes", "8", "12", "8", "--inputs", "sign", "gauss", "--quick"]
+    args += ["--methods", "auto", "orth_muon_fp32", "--no-progress", "--paper-bf16", "never"]
+    assert main([*args, "--out", str(out), "--plot-sizes", str(png)]) == 0
+    sizes = out.read_text().split("\n\n")[3]
+    rows = [line.split(" | ")[:3] for line in sizes.splitlines()[2:]]
+    expected = {(d, k, n) for d in ("fp32", "bf16") for k in ("sign", "gauss") for n in ("8", "12")}
+    assert len(rows) == len(expected)  # the repeated size is timed once
+    assert {(d.lstrip("| "), k, n) for d, k, n in rows} == expected
+    assert png.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--sizes", "16", "0"], "--sizes must be an int >= 1, got 0"),
+        (["--sizes", "-4"], "--sizes must be an int >= 1, got -4"),
+        (["--sizes", "16", "abc"], "invalid int value: 'abc'"),
+        (["--sizes", "16", "--shapes", "768x768"], "not allowed with argument"),
+        (["--sizes", "16", "--inputs", "recorded"], "--sizes times synthetic inputs only"),
+        (["--plot-sizes", "x.png", "--quick"], "--plot-sizes needs --sizes"),
+    ],
+)
+def test_bench_ops_rejects_bad_sizes_in_one_line(extra, message, capsys):
+    try:
+        rc = main(["bench", "ops", "--no-progress", *extra])
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_square_size_reads_only_square_labels():
+    assert bench_ops.square_size("48x48") == 48
+    assert list(bench_ops.square_shapes([4, 2, 4])) == ["4x4", "2x2"]
+    for label in ("48x80", "2x32x32", "axa"):
+        with pytest.raises(ValueError, match="square"):
+            bench_ops.square_size(label)
 
 
 def test_bench_optim_is_dispatched_to_its_module(monkeypatch):

@@ -8,6 +8,11 @@ the median time over repeats, the ratios to the paper's Algorithm 1 (N_s = 10) i
 and in float32 measured in the same cell, and the relative Frobenius error against the float64
 SVD of the same (dtype-rounded) input. A summary gives each method's median ratios and worst
 error, and ``--plot`` draws error against time.
+
+``--sizes N …`` times the same methods on square ``N × N`` synthetic inputs instead (default
+kind ``adam_spike``), for the runtime-against-matrix-size comparison of soft spectral clipping
+(the paper's Algorithm 1, N_s = 10) with orthogonalization (Muon's 5 Newton–Schulz steps);
+``--plot-sizes`` draws median time against N on log-log axes.
 """
 
 from __future__ import annotations
@@ -54,6 +59,25 @@ class Cell:
     vs_paper_fp32: float
     rel_err: float
     sigma_over_c: float  # σ_max/c of the (dtype-rounded) input
+
+
+#: The synthetic kind of ``--sizes`` when ``--inputs`` names none.
+SIZES_INPUT = "adam_spike"
+#: Legend of the ``--plot-sizes`` figure; other methods appear under their own name.
+METHOD_LABELS = {
+    "paper_bf16": "SSC, Algorithm 1, N_s=10, bf16",
+    "paper_fp32": "SSC, Algorithm 1, N_s=10, fp32",
+    "auto": "SSC, soft_clip default (auto)",
+    "orth_muon": "orthogonalization, 5 NS steps, bf16",
+    "orth_muon_fp32": "orthogonalization, 5 NS steps, fp32",
+}
+#: (soft clipping, orthogonalization) pairs whose time ratio the ``--sizes`` table reports:
+#: Newton–Schulz in the same precision, and our default against the float32 one.
+SIZE_RATIOS = (
+    ("paper_bf16", "orth_muon"),
+    ("paper_fp32", "orth_muon_fp32"),
+    ("auto", "orth_muon_fp32"),
+)
 
 
 #: ``--paper-bf16 auto`` runs the paper's bf16 method on a matrix only when its estimated
@@ -114,6 +138,10 @@ def methods(c: float) -> dict[str, tuple[str, Callable[[Tensor], Tensor]]]:
         "paper_fp32": ("soft", lambda X: soft_clip(X, c, method="paper", ns_dtype=torch.float32)),
         "svd": ("soft", lambda X: soft_clip(X, c, method="svd")),
         "orth_muon": ("orth", lambda X: orthogonalize(X, method="muon")),
+        "orth_muon_fp32": (
+            "orth",
+            lambda X: orthogonalize(X, method="muon", ns_dtype=torch.float32),
+        ),
         "orth_polar_express": ("orth", lambda X: orthogonalize(X, method="polar_express")),
     }
 
@@ -145,6 +173,19 @@ def synthetic_inputs(
 ) -> list[tuple[str, str, Tensor]]:
     """``(shape label, input label, float64 matrix)`` for every shape and synthetic kind."""
     return [(name, kind, make_input(kind, shapes[name])) for name in shapes for kind in kinds]
+
+
+def square_shapes(sizes: list[int]) -> dict[str, tuple[int, ...]]:
+    """``{"NxN": (N, N)}`` for each size, in the given order, duplicates dropped."""
+    return {f"{n}x{n}": (n, n) for n in sizes}
+
+
+def square_size(label: str) -> int:
+    """N of a square shape label ``"NxN"``; ``ValueError`` for any other label."""
+    parts = label.split("x")
+    if len(parts) != 2 or parts[0] != parts[1] or not parts[0].isdigit():
+        raise ValueError(f"not a square shape label: {label!r}")
+    return int(parts[0])
 
 
 def recorded_inputs(path: str | None = None) -> list[tuple[str, str, Tensor]]:
@@ -260,6 +301,78 @@ def pareto_plot(cells: list[Cell], path: str) -> None:
     plt.close(fig)
 
 
+def sizes_plot(cells: list[Cell], path: str, note: str) -> None:
+    """Median time (ms) against N for square ``N × N`` inputs, log-log, one line per method.
+
+    One panel per (dtype, input kind); soft clipping solid, orthogonalization dashed. ``note``
+    (device and threads) goes into the title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    from spectra_lab.files import atomic_path
+
+    groups = list(dict.fromkeys((c.dtype, c.input) for c in cells))
+    names = list(dict.fromkeys(c.method for c in cells))
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(2 + 5.5 * len(groups), 5), squeeze=False, sharey=True
+    )
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (dtype, kind) in zip(axes[0], groups, strict=True):
+        for i, name in enumerate(names):
+            pts = sorted(
+                (square_size(c.shape), c.time_ms)
+                for c in cells
+                if c.method == name and (c.dtype, c.input) == (dtype, kind)
+            )
+            if not pts:
+                continue
+            style = "s--" if name.startswith("orth") else "o-"
+            label = METHOD_LABELS.get(name, name)
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, style, color=colours[i % len(colours)], label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        sizes = sorted({square_size(c.shape) for c in cells})
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("matrix size n (n × n input)")
+        ax.set_title(f"{dtype} input, {kind}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("median time (ms)")
+    axes[0][-1].legend(fontsize=8, loc="upper left")
+    fig.suptitle(
+        "Runtime against matrix size: soft spectral clipping (Algorithm 1, N_s = 10)\n"
+        f"vs orthogonalization (5 Newton–Schulz steps); {note}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    suffix = path.rsplit(".", 1)[-1] if "." in path else "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=suffix, dpi=120)
+    plt.close(fig)
+
+
+def sizes_table(cells: list[Cell]) -> str:
+    """Markdown: one line per (dtype, input, N) with each method's median ms and the
+    soft-clipping/orthogonalization time ratios of :data:`SIZE_RATIOS` present in the cells."""
+    names = list(dict.fromkeys(c.method for c in cells))
+    pairs = [(a, b) for a, b in SIZE_RATIOS if a in names and b in names]
+    head = ["dtype", "input", "n", *(f"{n} ms" for n in names), *(f"{a}/{b}" for a, b in pairs)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    groups: dict[tuple[str, str, int], dict[str, float]] = {}
+    for c in cells:
+        groups.setdefault((c.dtype, c.input, square_size(c.shape)), {})[c.method] = c.time_ms
+    for (dtype, kind, n), ms in groups.items():
+        parts = [f"{ms[name]:.4g}" if name in ms else "skipped" for name in names]
+        parts += [f"{ms[a] / ms[b]:.2f}" if a in ms and b in ms else "-" for a, b in pairs]
+        lines.append(f"| {dtype} | {kind} | {n} | " + " | ".join(parts) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def to_markdown(cells: list[Cell]) -> str:
     """One line per (shape, dtype, input); a method's cell is ``ms (×paper bf16, ×paper fp32)
     error``, with ``-`` where the paper's bf16 run was skipped."""
@@ -355,12 +468,22 @@ def flop_table(shapes: dict[str, tuple[int, ...]], inputs: tuple[str, ...]) -> s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
         "--shapes",
         nargs="+",
         choices=list(SHAPES),
         default=None,
         help="subset of shapes of the synthetic inputs (default: all)",
+    )
+    which.add_argument(
+        "--sizes",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="N",
+        help="time square N x N synthetic inputs of these sizes instead of --shapes "
+        f"(input kind: --inputs, default {SIZES_INPUT})",
     )
     parser.add_argument(
         "--dtypes", nargs="+", choices=list(DTYPES), default=None, help="input dtypes"
@@ -389,13 +512,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the paper's bf16 method: auto (where its estimated time fits --budget), "
         "always, never",
     )
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, one repeat")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny shapes (unless --sizes), one repeat"
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if any)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (1 is robust to a busy CPU)"
     )
     parser.add_argument("--out", default=None, help="write the table to FILE (.json or .md)")
     parser.add_argument("--plot", default=None, help="write the error-vs-time figure (.png)")
+    parser.add_argument(
+        "--plot-sizes",
+        default=None,
+        metavar="FILE",
+        help="with --sizes: write the time-against-size figure (.png, log-log)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument(
         "--flops", action="store_true", help="print the matmul flop counts only (no timing)"
@@ -409,17 +540,26 @@ def run(args: argparse.Namespace) -> int:
         check_int("--repeats", args.repeats, low=1)
         check_number("--budget", args.budget, low=0.0, low_open=True)
         check_int("--threads", args.threads, low=1, none_ok=True)
+        for n in args.sizes or ():
+            check_int("--sizes", n, low=1)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    if args.plot_sizes and not args.sizes:
+        raise CLIError("--plot-sizes needs --sizes")
+    if args.sizes and args.inputs and "recorded" in args.inputs:
+        raise CLIError("--sizes times synthetic inputs only; 'recorded' ones have their own shapes")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.quick:
-        shapes, repeats = dict(QUICK_SHAPES), 1
+    repeats = 1 if args.quick else args.repeats
+    if args.sizes:
+        shapes = square_shapes(args.sizes)
+    elif args.quick:
+        shapes = dict(QUICK_SHAPES)
     else:
-        names = args.shapes or list(SHAPES)
-        shapes, repeats = {n: SHAPES[n] for n in names}, args.repeats
+        shapes = {n: SHAPES[n] for n in args.shapes or list(SHAPES)}
     dtypes = {n: DTYPES[n] for n in (args.dtypes or list(DTYPES))}
-    kinds = tuple(args.inputs or (*INPUTS, "recorded"))
+    default_kinds = (SIZES_INPUT,) if args.sizes else (*INPUTS, "recorded")
+    kinds = tuple(args.inputs or default_kinds)
     synthetic = tuple(k for k in kinds if k != "recorded")
     device_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device_name.startswith("cuda") and not torch.cuda.is_available():
@@ -455,9 +595,18 @@ def run(args: argparse.Namespace) -> int:
         f"fp32 {rates['fp32']:.0f}\n"
     )
     text = to_markdown(cells) + "\n" + summary(cells)
+    if args.sizes:
+        text += "\n" + sizes_table(cells)
     print(header + "\n" + text, end="")
     if args.plot:
         pareto_plot(cells, args.plot)
+    if args.plot_sizes:
+        threads = torch.get_num_threads()
+        where = device_name
+        if device.type == "cuda":
+            where += f" ({torch.cuda.get_device_name(device)})"
+        note = f"{where}, {threads} thread{'s' if threads > 1 else ''}, median of ≤{repeats}"
+        sizes_plot(cells, args.plot_sizes, f"{note} runs, c = {CLIP_C:g}")
     if args.out:
         if args.out.endswith(".json"):
             payload = {
