@@ -32,6 +32,11 @@ def test_cli_prints_the_table_and_rejects_bad_input_in_one_line(capsys):
     argv = ["bench", "step", "--preset", "tiny", "--steps", "1", "--warmup", "0"]
     assert main([*argv, "--optimizer", "adamw"]) == 0
     assert "| adamw |" in capsys.readouterr().out
+    # optimizers that cannot pre-clip get no pre-clip row, and the table says so
+    assert main([*argv, "--optimizer", "adamw", "dmuon", "--pre-clip", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| adamw + pre-clip 1 |" in out and "| dmuon |" in out
+    assert "dmuon + pre-clip" not in out and "no pre-clip row for dmuon" in out
     assert main(["bench", "step", "--preset", "huge"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'huge'" in err

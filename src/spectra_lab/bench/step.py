@@ -93,16 +93,31 @@ def time_optimizer(
     }
 
 
+def pre_clips(name: str, preset: str) -> bool:
+    """Whether the registry's optimizer ``name`` can pre-clip gradients (D-Muon and SOAP
+    cannot: pre-clipping is part of spectra's own recipes)."""
+    from spectra_lab.train.config import ConfigError, TrainConfig
+    from spectra_lab.train.optimizers import check_optimizer
+
+    try:
+        check_optimizer(TrainConfig(preset=preset, optimizer=name, pre_clip_c=1.0))
+    except ConfigError:
+        return False
+    return True
+
+
 def run_benchmark(
     optimizers: tuple[str, ...], preset: str, steps: int = 5, warmup: int = 2,
     batch_size: int = 8, device: str | torch.device = "cpu", pre_clip_c: float | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """One row per optimizer (and per optimizer with pre-clipping when ``pre_clip_c``)."""
+    """One row per optimizer, and with ``pre_clip_c`` one more per optimizer that can
+    pre-clip (decided before anything is timed)."""
     device = torch.device(device)
+    pre = {name: pre_clip_c is not None and pre_clips(name, preset) for name in optimizers}
     rows = []
     for name in optimizers:
         rows.append(time_optimizer(name, preset, steps, warmup, batch_size, device))
-        if pre_clip_c is not None:
+        if pre[name]:
             rows.append(time_optimizer(name, preset, steps, warmup, batch_size, device, pre_clip_c))
     bases = {r["optimizer"]: r for r in rows}
     for r in rows:
@@ -171,4 +186,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.steps} steps"
     )
     print(format_table(rows, header), end="")
+    if args.pre_clip is not None:
+        skipped = [n for n in args.optimizer if not pre_clips(n, args.preset)]
+        if skipped:
+            print(f"no pre-clip row for {', '.join(skipped)}: they do not pre-clip")
     return 0
