@@ -51,6 +51,8 @@ def _worker(rank: int, fn, tmp: str, args) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=WORLD)
     try:
         fn(rank, Path(tmp), *args)
+        # no rank tears the group down (and its file store) while another still uses it
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
