@@ -106,8 +106,14 @@ def lower(p: dict | None) -> str:
     return "inconclusive"
 
 
-def method_of(point: dict) -> str:
-    return point["optimizer"]
+def no_lower(p: dict | None) -> str:
+    """Verdict for a claim that b is no lower than a (b − a ≥ 0, "on par or worse")."""
+    if p is None:
+        return "inconclusive (not run)"
+    if p["mean"] >= 0:
+        return "held"
+    # b lower on average: against the claim, significant or not
+    return "not held" if p["sig"] else "inconclusive"
 
 
 # ----- tables -----------------------------------------------------------------------------
@@ -127,38 +133,43 @@ def methods_table(seeds: dict | None, tuned: dict[str, float]) -> str:
 def pairs_table(seeds: dict | None) -> str:
     rows = ["| claim | base | Spectra | Δ = base − Spectra (paired) | verdict |",
             "|---|---|---|---|---|"]  # fmt: skip
-    for base, spectra in PAIRS:
+    against_baselines = [(base, s) for _, s in PAIRS for base in BASELINES]
+    for base, spectra in [*PAIRS, *against_baselines]:
         a, b = per_seed(seeds, optimizer=spectra), per_seed(seeds, optimizer=base)
         p = paired(a, b)
         rows.append(f"| {spectra} beats {base} | {mean_std(b)} | {mean_std(a)} | {fmt_diff(p)} "
                     f"| {lower(p)} |")  # fmt: skip
-    for spectra in ("spectra-adamw", "spectra-signum", "spectra-ademamix"):
-        for base in BASELINES:
-            a, b = per_seed(seeds, optimizer=spectra), per_seed(seeds, optimizer=base)
-            p = paired(a, b)
-            rows.append(f"| {spectra} beats {base} | {mean_std(b)} | {mean_std(a)} | "
-                        f"{fmt_diff(p)} | {lower(p)} |")  # fmt: skip
     return "\n".join(rows)
 
 
-def signum_table(stab: dict | None) -> str:
-    """Batch 2: Signum at three lrs against Spectra-Signum at the large one."""
-    spectra = per_seed(stab, optimizer="spectra-signum")
+def signum_runs(stab: dict | None) -> tuple[dict[int, float], dict[float, dict[int, float]]]:
+    """Batch 2: Spectra-Signum at 3e-3, and Signum by lr (the 3e-3 case takes the base lr)."""
     signum = {lr: per_seed(stab, optimizer="signum", lr=lr) for lr in (3e-4, 1e-3)}
     signum[3e-3] = {
         r["seed"]: r["val_loss"]
         for r in (stab or {"runs": []})["runs"]
         if r["point"] == {"optimizer": "signum"} and r["val_loss"] is not None
     }
+    return per_seed(stab, optimizer="spectra-signum"), signum
+
+
+def best_lr(by_lr: dict[float, dict[int, float]]) -> float | None:
+    """The lr with the lowest mean loss among those run (None if none was)."""
+    done = {lr: v for lr, v in by_lr.items() if v}
+    return min(done, key=lambda lr: statistics.fmean(done[lr].values())) if done else None
+
+
+def signum_table(stab: dict | None) -> str:
+    """Batch 2: Signum at three lrs against Spectra-Signum at the large one."""
+    spectra, signum = signum_runs(stab)
     rows = ["| batch 2 | lr | final val loss | Δ = Signum − Spectra-Signum@3e-3 (paired) |",
             "|---|---:|---|---|",
             f"| Spectra-Signum | 3e-3 | {mean_std(spectra)} | (reference) |"]  # fmt: skip
     for lr, vals in sorted(signum.items()):
         rows.append(f"| Signum | {lr:g} | {mean_std(vals)} | {fmt_diff(paired(spectra, vals))} |")
-    done = {lr: v for lr, v in signum.items() if v}
-    if done:
-        best = min(done, key=lambda lr: statistics.fmean(done[lr].values()))
-        worst = paired(done[best], signum[3e-3])
+    best = best_lr(signum)
+    if best is not None:
+        worst = paired(signum[best], signum[3e-3])
         degrades = (
             "| Signum degrades at the large lr | 3e-3 is Signum's best lr | – | not held |"
             if best == 3e-3
@@ -171,8 +182,8 @@ def signum_table(stab: dict | None) -> str:
             "|---|---|---|---|",
             degrades,
             f"| Spectra-Signum at the large lr beats the best Signum | Signum@{best:g} − "
-            f"Spectra-Signum@3e-3 | {fmt_diff(paired(spectra, done[best]))} | "
-            f"{lower(paired(spectra, done[best]))} |",
+            f"Spectra-Signum@3e-3 | {fmt_diff(paired(spectra, signum[best]))} | "
+            f"{lower(paired(spectra, signum[best]))} |",
         ]
     return "\n".join(rows)
 
@@ -233,15 +244,9 @@ def fixed_table(fixed: dict | None, seeds: dict | None) -> tuple[str, dict]:
     for steps, vals in runs.items():
         p = paired(spectra, vals)
         diffs[steps] = p
-        if p is None:
-            verdict = "inconclusive (not run)"
-        elif p["mean"] >= 0:  # AdamW on par or worse on average
-            verdict = "held"
-        else:  # AdamW lower on average: against the claim, significant or not
-            verdict = "not held" if p["sig"] else "inconclusive"
         rows.append(f"| AdamW ×{steps / 200:g} | {steps} | {mean_std(vals)} | {fmt_diff(p)} | "
-                    f"{verdict} |")  # fmt: skip
-    return "\n".join(rows), {"spectra": spectra, "runs": runs}
+                    f"{no_lower(p)} |")  # fmt: skip
+    return "\n".join(rows), {"spectra": spectra, "runs": runs, "diffs": diffs}
 
 
 def overhead_table(seeds: dict | None) -> str:
@@ -280,12 +285,10 @@ def summary_table(seeds: dict | None, stab: dict | None, c: dict, ns: dict, fx: 
             verdicts.append(f"{spectra}: {lower(p)}")
         rows.append(f"| the SPECTRA variants beat {base} | see the pairs table | "
                     f"{'; '.join(verdicts)} |")  # fmt: skip
-    spectra = per_seed(stab, optimizer="spectra-signum")
-    signum = {lr: per_seed(stab, optimizer="signum", lr=lr) for lr in (3e-4, 1e-3)}
-    done = {lr: v for lr, v in signum.items() if len(v) > 1}
-    if done:
-        best = min(done, key=lambda lr: statistics.fmean(done[lr].values()))
-        p = paired(spectra, done[best])
+    spectra, signum = signum_runs(stab)
+    best = best_lr(signum)
+    if best is not None:
+        p = paired(spectra, signum[best])
         add(f"batch 2: Spectra-Signum at lr 3e-3 beats the best Signum (lr {best:g}; Δ = "
             "Signum − Spectra-Signum)", p, lower(p))  # fmt: skip
     else:
@@ -309,15 +312,9 @@ def summary_table(seeds: dict | None, stab: dict | None, c: dict, ns: dict, fx: 
     add("(our question) the accurate clip trains better than the paper's bf16 N_s = 10 "
         "(Δ = ours − paper)", p, ours)  # fmt: skip
     for steps in (210, 220, 240):
-        p = paired(fx["spectra"], fx["runs"].get(steps, {}))
-        if p is None:
-            verdict = "inconclusive (not run)"
-        elif p["mean"] >= 0:
-            verdict = "held"
-        else:
-            verdict = "not held" if p["sig"] else "inconclusive"
+        p = fx["diffs"][steps]
         add(f"AdamW with {steps / 200:g}x the steps is no better than Spectra-AdamW (Δ = "
-            "AdamW − Spectra)", p, verdict)  # fmt: skip
+            "AdamW − Spectra)", p, no_lower(p))  # fmt: skip
     return "\n".join(rows)
 
 
