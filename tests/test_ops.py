@@ -136,6 +136,63 @@ def test_soft_clip_polar_meets_the_accuracy_target_on_spiked_spectra(kind, spike
     assert rel_err(soft_clip(Xb, c, method="polar"), soft_ref(Xb, c)) <= 1e-2
 
 
+@SETTINGS
+@given(matrices())
+def test_soft_clip_polar_with_split_bf16_products_matches_float64_svd(data):
+    X, c = data
+    Y = soft_clip(X, c, method="polar", ns_dtype=torch.bfloat16)
+    assert Y.shape == X.shape and Y.dtype == X.dtype
+    assert rel_err(Y, soft_ref(X, c)) <= 1e-2
+
+
+@pytest.mark.parametrize("kind", ["adam", "sign", "gauss"])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 40), (3, 32, 32)])
+def test_split_bf16_polar_is_accurate_up_to_its_bound_and_hands_over_beyond(kind, shape):
+    from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, polar_steps
+
+    c = 0.7
+    for spike, mode, bar in [
+        (1.0, torch.bfloat16, 2e-3),
+        (30.0, torch.bfloat16, 2e-3),
+        (90.0, torch.bfloat16, 3e-3),  # α ≈ 8e3, just under the bound
+        (300.0, torch.float32, 1e-2),  # α ≈ 9e4: float32 products take over
+        (1e3, torch.float64, 1e-2),
+    ]:
+        X = spiked(shape, c, spike, kind=kind)
+        assert polar_steps(X, c, dtype=torch.bfloat16)[1] == mode
+        assert (mode == torch.bfloat16) == (1 + spike**2 <= POLAR_SPLIT_MAX_ALPHA)
+        Y = soft_clip(X, c, method="polar", ns_dtype=torch.bfloat16)
+        assert rel_err(Y, soft_ref(X, c)) <= bar
+    # the paper's bf16 run on the same kind of input is off by about 1e-2 already at 10
+    X = spiked(shape, c, 10.0, kind=kind)
+    paper = rel_err(soft_clip(X, c, method="paper", ns_dtype=torch.bfloat16), soft_ref(X, c))
+    split = rel_err(soft_clip(X, c, method="polar", ns_dtype=torch.bfloat16), soft_ref(X, c))
+    assert split < paper / 20
+
+
+def test_split_bf16_products_are_about_1e5_accurate():
+    """Three bf16 products of the split parts: within ~3·2⁻¹⁸ of |A||B| entrywise, against
+    ~2⁻⁹ for one bf16 product; the split parts hold 16 significand bits."""
+    from spectra.ops._common import bf16_products_fp32, split_bf16, split_bf16_matmul
+
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn(2, 40, 300, generator=g) * torch.logspace(-3, 3, 300)
+    B = torch.randn(2, 300, 50, generator=g)
+    hi, lo = split_bf16(A)
+    assert hi.dtype == lo.dtype == torch.bfloat16
+    assert ((hi.double() + lo.double()) - A.double()).abs().max() <= 2.0**-17 * A.abs().max()
+    assert (A - hi.float()).abs().le(2.0**-8 * A.abs()).all()
+    exact = A.double() @ B.double()
+    scale = A.double().abs() @ B.double().abs()
+    split = split_bf16_matmul(A, B)
+    assert split.dtype == torch.float32 and split.shape == exact.shape
+    assert ((split.double() - exact).abs() / scale).max() <= 4 * 2.0**-18
+    plain = bf16_products_fp32(A.bfloat16(), B.bfloat16()).double()
+    assert ((plain - exact).abs() / scale).max() >= 30 * (
+        (split.double() - exact).abs() / scale
+    ).max()
+
+
 def test_soft_clip_polar_is_accurate_beyond_float32_range_of_spikes():
     # σ_max/c = 1e6: α ≈ 1e12, handled in float64 by the default precision choice.
     c = 1.0

@@ -229,6 +229,13 @@ def test_gpu_model_counts_the_flops_and_launches_of_both_methods(capsys):
     assert rows["polar-fp32"]["launches"] == len(set(mats)) * (30 + 8 * k + 6)
     ms = paper / (0.5 * 989e12) * 1e3 + 76 * len(mats) * 10e-3
     assert rows["paper-bf16"]["ms"] == pytest.approx(ms)
+    # split bf16: three bf16 products per product, 10 more launches per product
+    split = rows["polar-bf16x3"]
+    assert split["gflop"] == pytest.approx(3 * polar / 1e9)
+    assert split["launches"] == len(set(mats)) * (30 + 20 + (8 + 40) * k + 6 + 10)
+    ms = 3 * polar / (0.5 * 989e12) * 1e3 + split["launches"] * 10e-3
+    assert split["ms"] == pytest.approx(ms)
+    assert "polar-bf16x3" not in gpu_model.step_model("124m", 300.0)  # α > 1e4: float32
     assert main(["bench", "gpu-model", "--sigma-over-c", "10"]) == 0
     assert "| 780m | 10 | polar-fp32" in capsys.readouterr().out
     assert main(["bench", "gpu-model", "--efficiency", "2"]) == 2

@@ -605,6 +605,50 @@ def test_batched_apply_equals_the_operator_on_each_matrix():
         batched_apply_(op, [torch.ones(2, 2, 2)])
 
 
+def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each():
+    import threading
+
+    from spectra.ops import batched_apply_, soft_clip
+
+    g = torch.Generator().manual_seed(7)
+    mats = [torch.randn(s, generator=g) for s in [(48, 32)] * 4 + [(32, 64)] * 3]
+    expected = [soft_ref(m.double(), 2.0).float() for m in mats]
+    seen = []
+
+    def op(X):
+        seen.append((threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled()))
+        return soft_clip(X, 2.0)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            batched_apply_(op, mats, max_elements=48 * 32)
+        assert torch.get_num_threads() == 2  # restored
+        for m, e in zip(mats, expected, strict=True):
+            torch.testing.assert_close(m, e, rtol=1e-5, atol=1e-5)
+        # one call per matrix, none on the calling thread, each single-threaded, grad mode kept
+        assert len(seen) == 7
+        assert threading.get_ident() not in {s[0] for s in seen}
+        assert {s[1:] for s in seen} == {(1, False)}
+
+        def failing(X):
+            raise RuntimeError(f"bad batch {tuple(X.shape)}")
+
+        with pytest.raises(RuntimeError, match="bad batch"):
+            batched_apply_(failing, mats)
+        assert torch.get_num_threads() == 2
+        # under the profiler, and with one thread, everything runs on the caller's thread
+        seen.clear()
+        with torch.profiler.profile():
+            batched_apply_(op, mats)
+        torch.set_num_threads(1)
+        batched_apply_(op, mats)
+        assert {s[0] for s in seen} == {threading.get_ident()}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_optimizer_state_dict_saves_schedules_as_text_and_keeps_the_built_ones():
     ps = make_params()
     sched = so.standard_clip_schedule(so.wsd_schedule(2, 10), 2)
@@ -654,6 +698,14 @@ def test_clip_ns_settings_reach_the_paper_operator():
     scale = max(1.0, math.sqrt(24 / 16))
     expected = X0 - 0.1 * scale * soft_clip_paper(g, 1.0, ns_steps=3, dtype=torch.float64)
     torch.testing.assert_close(p.detach(), expected, rtol=1e-6, atol=1e-7)
+    # clip_method="polar" with clip_ns_dtype=bf16: split bf16 products (~1e-4 of the update)
+    p2 = torch.nn.Parameter(X0.clone())
+    opt = so.SGDM([p2], lr=0.1, momentum=0.0, weight_decay=0.0, clip_c=1.0,
+                  clip_method="polar", clip_ns_dtype="bfloat16")  # fmt: skip
+    p2.grad = 10.0 * g
+    opt.step()
+    expected = X0 - 0.1 * scale * soft_ref(10.0 * g.double(), 1.0).float()
+    torch.testing.assert_close(p2.detach(), expected, rtol=0, atol=5e-5)
     for bad, match in (({"clip_ns_dtype": "float16"}, "clip_ns_dtype"),
                        ({"clip_ns_steps": -1}, "clip_ns_steps"),
                        ({"post": "hard_clip", "clip_ns_steps": 3}, "clip_ns_steps")):  # fmt: skip

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
+
+from spectra.ops._common import single_thread_lapack
 
 #: ``max_elements=None`` caps a batch at ``total / BATCH_FRACTION`` elements (or one matrix, if
 #: larger): the operators' float64 temporaries are several times their batch, and this keeps
 #: them at a small fraction of all the matrices.
 BATCH_FRACTION = 32
+
+
+def _batches(mats: list[Tensor], max_elements: int) -> list[list[Tensor]]:
+    """Same-shaped, same-dtype, same-device matrices in runs of at most ``max_elements``."""
+    groups: dict[tuple, list[Tensor]] = {}
+    for X in mats:
+        groups.setdefault((tuple(X.shape), X.dtype, X.device), []).append(X)
+    out = []
+    for (shape, _, _), group in groups.items():
+        per_batch = max(1, max_elements // max(1, shape[0] * shape[1]))
+        out += [group[i : i + per_batch] for i in range(0, len(group), per_batch)]
+    return out
 
 
 def batched_apply_(
@@ -24,8 +39,19 @@ def batched_apply_(
     ``op`` maps a ``(B, m, n)`` batch to a tensor of the same shape (any operator of
     :mod:`spectra.ops`). Matrices that share shape, dtype and device are stacked into batches of
     at most ``max_elements`` elements (at least one matrix each; ``None``: the total over
-    :data:`BATCH_FRACTION`) and the results are copied back.
-    The transient memory of a call is one batch, its stack and ``op``'s own temporaries.
+    :data:`BATCH_FRACTION`) and the results are copied back. The transient memory of a call is
+    one batch, its stack and ``op``'s own temporaries.
+
+    On the CPU with ``T = torch.get_num_threads() > 1``, batches of at most ``max_elements / T``
+    elements (at least one matrix) run side by side on ``T`` Python threads, each with one
+    intra-op thread, so the elements in flight stay within ``max_elements`` unless single
+    matrices are larger than ``max_elements / T`` (then up to ``T`` of them). The exact operators
+    spend most of their time in LAPACK's symmetric eigensolver, which gains little from
+    intra-op threads at these sizes; running batches side by side is what uses the cores
+    (docs/operators.md). Each batch is computed on one thread, so results do not depend on the
+    scheduling. The thread count is process-wide: other torch work in the process runs
+    single-threaded meanwhile. While the PyTorch profiler is on, batches run on the calling
+    thread, where the profiler sees them.
     """
     mats = list(matrices)
     for X in mats:
@@ -35,12 +61,23 @@ def batched_apply_(
         return
     if max_elements is None:
         max_elements = -(-sum(X.numel() for X in mats) // BATCH_FRACTION)
-    groups: dict[tuple, list[Tensor]] = {}
-    for X in mats:
-        groups.setdefault((tuple(X.shape), X.dtype, X.device), []).append(X)
-    for (shape, _, _), group in groups.items():
-        per_batch = max(1, max_elements // max(1, shape[0] * shape[1]))
-        for start in range(0, len(group), per_batch):
-            batch = group[start : start + per_batch]
-            stacked = batch[0].unsqueeze(0) if len(batch) == 1 else torch.stack(batch)
-            torch._foreach_copy_(batch, list(op(stacked).unbind(0)))
+    threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
+    on_cpu = [X for X in mats if X.device.type == "cpu"]
+    elsewhere = [X for X in mats if X.device.type != "cpu"]
+    for batch in _batches(elsewhere if threads > 1 else mats, max_elements):
+        _apply(op, batch)
+    if threads < 2 or not on_cpu:
+        return
+    batches = _batches(on_cpu, max(1, max_elements // threads))
+    grad = torch.is_grad_enabled()  # grad mode is per thread
+    with single_thread_lapack(on_cpu[0].device):
+        with ThreadPoolExecutor(min(threads, len(batches))) as pool:
+            for future in [pool.submit(_apply, op, batch, grad) for batch in batches]:
+                future.result()
+
+
+def _apply(op: Callable[[Tensor], Tensor], batch: list[Tensor], grad: bool | None = None) -> None:
+    """``X ← op(X)`` for one batch (in grad mode ``grad``, default: the thread's own)."""
+    with torch.set_grad_enabled(torch.is_grad_enabled() if grad is None else grad):
+        stacked = batch[0].unsqueeze(0) if len(batch) == 1 else torch.stack(batch)
+        torch._foreach_copy_(batch, list(op(stacked).unbind(0)))

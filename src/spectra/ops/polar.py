@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -212,12 +213,17 @@ def polar_express_band(steps: int) -> tuple[float, float]:
     return ells[k], uppers[k]
 
 
-def coupled_inverse_sqrt(M_hat: Tensor, M_hat_sq: Tensor, coeffs: tuple[Quintic, ...]) -> Tensor:
+def coupled_inverse_sqrt(
+    M_hat: Tensor,
+    M_hat_sq: Tensor,
+    coeffs: tuple[Quintic, ...],
+    matmul: Callable[[Tensor, Tensor], Tensor] = torch.matmul,
+) -> Tensor:
     r"""``Z ≈ M̂^{-1/2}`` by the coupled polynomial iteration (batched, symmetric input).
 
     ``M_hat_sq`` is ``M̂²`` (the first step's ``E²``; the caller gets it for free). With
     ``Z₀ = I`` and ``Y₀ = M̂`` the first step needs one product; each later step needs four
-    (``E = ZY``, ``E²``, ``QZ``, ``YQ``), the last one three.
+    (``E = ZY``, ``E²``, ``QZ``, ``YQ``), the last one three, all through ``matmul``.
     """
     eye = torch.eye(M_hat.shape[-1], dtype=M_hat.dtype, device=M_hat.device)
     if not coeffs:
@@ -226,13 +232,13 @@ def coupled_inverse_sqrt(M_hat: Tensor, M_hat_sq: Tensor, coeffs: tuple[Quintic,
     Z = a * eye + b * M_hat + c * M_hat_sq
     if len(coeffs) == 1:
         return Z
-    Y = M_hat @ Z
+    Y = matmul(M_hat, Z)
     last = len(coeffs) - 1
     for k, (a, b, c) in enumerate(coeffs[1:], start=1):
-        E = Z @ Y
+        E = matmul(Z, Y)
         E = 0.5 * (E + E.mT)  # symmetric in exact arithmetic; keep it so
-        Q = a * eye + b * E + c * (E @ E)
-        Z = Q @ Z
+        Q = a * eye + b * E + c * matmul(E, E)
+        Z = matmul(Q, Z)
         if k < last:
-            Y = Y @ Q
+            Y = matmul(Y, Q)
     return Z

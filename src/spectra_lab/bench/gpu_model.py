@@ -8,16 +8,22 @@ matrix-product flops and the kernel launches of
 * ``polar``: ``soft_clip(method="polar")``, the CUDA default, in IEEE float32 (or float64
   where float32 products run in TF32: H100 runs both at the same rate), one call per batch
   of same-shaped matrices;
+* ``polar-bf16x3``: the same with ``ns_dtype=torch.bfloat16``, every product formed from
+  three bf16 tensor-core products (``split_bf16_matmul``); only where ``α = 1 + (σ_max/c)²
+  ≤ 1e4``, beyond which it runs as ``polar``;
 
 and turns them into time with ``t = flops / (efficiency · peak) + launches · t_launch``.
 The peaks are NVIDIA's H100 SXM figures (dense): bf16 989 TFLOP/s, TF32 495, float32 67,
 float64 (tensor core) 67. ``efficiency`` (default 0.6) and ``t_launch`` (default 8 µs, an
-eager PyTorch op including its CPU dispatch) are assumptions; the table says so.
+eager PyTorch op including its CPU dispatch) are assumptions; the table says so. The
+memory traffic of elementwise kernels (the splits, the polynomial updates) is left out.
 
 Launch counts come from the code: Algorithm 1 takes about 14 kernels before its loop and
 5 per Newton–Schulz step (two products, the 3I − ZY update, its halving, one more product),
 70 in all, plus 6 for the wrapper's clone, recovery and update; ``polar`` takes about 30
 kernels for its scale, Gram matrix, bounds and schedule, 8 per quintic step and 6 to finish.
+A split product adds 10 kernels to its one (two splits of 4 elementwise kernels, two
+concatenations): ``polar-bf16x3`` takes about 50, 48 per step and 16 to finish.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import argparse
 import math
 
 from spectra.ops.polar import inverse_sqrt_schedule
-from spectra.ops.spectral import POLAR_TOL
+from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
 from spectra_lab.bench.ops import matmul_flops
 from spectra_lab.bench.optim import llama_shapes
 
 PEAK_TFLOPS = {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0, "fp64": 67.0}
 PAPER_LAUNCHES_PER_MATRIX = 70 + 6
 POLAR_LAUNCHES = (30, 8, 6)  # per call: fixed, per step, finish
+SPLIT_EXTRA_LAUNCHES = 10  # per split bf16 product
 #: Presets' (layers, d_model, SwiGLU hidden, vocabulary), from spectra_lab.model.llama.
 MODELS = {"124m": (12, 768, 2048, 50304), "780m": (32, 1280, 3584, 50304)}
 
@@ -64,11 +71,16 @@ def step_model(
     batches = len(set(mats))
     fixed, per_step, finish = POLAR_LAUNCHES
     polar_l = batches * (fixed + per_step * steps + finish)
-    out = {}
-    for name, flops, launches, peak in (
+    rows = [
         ("paper-bf16", paper_f, paper_l, PEAK_TFLOPS["bf16"]),
         ("polar-fp32", polar_f, polar_l, PEAK_TFLOPS["fp32"]),
-    ):
+    ]
+    if 1.0 + sigma_over_c**2 <= POLAR_SPLIT_MAX_ALPHA:
+        extra = SPLIT_EXTRA_LAUNCHES
+        split_l = batches * (fixed + 2 * extra + (per_step + 4 * extra) * steps + finish + extra)
+        rows.append(("polar-bf16x3", 3 * polar_f, split_l, PEAK_TFLOPS["bf16"]))
+    out = {}
+    for name, flops, launches, peak in rows:
         t_math = flops / (efficiency * peak * 1e12) * 1e3
         t_launch = launches * t_launch_us * 1e-3
         out[name] = {
@@ -78,7 +90,9 @@ def step_model(
             "ms_launch": t_launch,
             "ms": t_math + t_launch,
         }
-    out["polar-fp32"]["steps"] = steps
+    for name in out:
+        if name.startswith("polar"):
+            out[name]["steps"] = steps
     return out
 
 
@@ -106,7 +120,7 @@ def table(sigmas: tuple[float, ...], efficiency: float, t_launch_us: float) -> s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--sigma-over-c", type=float, nargs="+", default=[30.0, 300.0], help="σ_max/c"
+        "--sigma-over-c", type=float, nargs="+", default=[10.0, 30.0, 300.0], help="σ_max/c"
     )
     parser.add_argument("--efficiency", type=float, default=0.6, help="fraction of peak")
     parser.add_argument("--launch-us", type=float, default=8.0, help="µs per kernel launch")
