@@ -193,6 +193,24 @@ def test_split_bf16_products_are_about_1e5_accurate():
     ).max()
 
 
+def test_cuda_bf16_products_use_the_float32_output_overloads():
+    """The CUDA branch of bf16_products_fp32 (torch.mm/bmm with out_dtype=float32; run here on
+    meta tensors, since CI has no GPU) gives float32 products of any batch shape."""
+    from spectra.ops._common import _float32_output_products
+
+    cases = [
+        ((5, 7), (7, 3), (5, 3)),
+        ((4, 5, 7), (4, 7, 3), (4, 5, 3)),
+        ((2, 3, 5, 7), (7, 4), (2, 3, 5, 4)),
+        ((5, 7), (2, 7, 3), (2, 5, 3)),
+    ]
+    for a, b, out in cases:
+        A = torch.empty(a, dtype=torch.bfloat16, device="meta")
+        B = torch.empty(b, dtype=torch.bfloat16, device="meta")
+        Y = _float32_output_products(A, B)
+        assert tuple(Y.shape) == out and Y.dtype == torch.float32 and Y.device.type == "meta"
+
+
 def test_soft_clip_polar_is_accurate_beyond_float32_range_of_spikes():
     # σ_max/c = 1e6: α ≈ 1e12, handled in float64 by the default precision choice.
     c = 1.0

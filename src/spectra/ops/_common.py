@@ -98,10 +98,21 @@ def bf16_products_fp32(A: Tensor, B: Tensor) -> Tensor:
     bf16 at the end). On CUDA this is one tensor-core product (``out_dtype=torch.float32``);
     elsewhere the float32 product of the exactly representable operands, which has the same
     numerics up to the order of the summation."""
-    if A.device.type == "cuda" and A.dim() in (2, 3):
-        product = torch.mm if A.dim() == 2 else torch.bmm
-        return product(A, B, out_dtype=torch.float32)
+    if A.device.type == "cuda":
+        return _float32_output_products(A, B)
     return A.float() @ B.float()
+
+
+def _float32_output_products(A: Tensor, B: Tensor) -> Tensor:
+    """``torch.mm``/``torch.bmm`` with ``out_dtype=torch.float32`` (CUDA kernels; the tests run
+    it on meta tensors), any batch dimensions flattened into one ``bmm``."""
+    if A.dim() == 2 and B.dim() == 2:
+        return torch.mm(A, B, out_dtype=torch.float32)
+    batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    A3 = A.expand(*batch, *A.shape[-2:]).reshape(-1, *A.shape[-2:])
+    B3 = B.expand(*batch, *B.shape[-2:]).reshape(-1, *B.shape[-2:])
+    out = torch.bmm(A3, B3, out_dtype=torch.float32)
+    return out.reshape(*batch, A.shape[-2], B.shape[-1])
 
 
 def split_bf16(A: Tensor) -> tuple[Tensor, Tensor]:
