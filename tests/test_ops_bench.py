@@ -217,22 +217,33 @@ def test_bench_ops_reads_recorded_inputs(tmp_path, capsys):
 def test_gpu_model_counts_the_flops_and_launches_of_both_methods(capsys):
     from spectra_lab.bench import gpu_model
 
+    # the counter: compute operations only (the transpose view is not a launch)
+    A, B = torch.randn(4, 5), torch.randn(4, 3)
+    with gpu_model._KernelCounter() as counter:
+        (A.mT @ B).add(1.0).sum()
+    assert counter.ops == {"mm": 1, "add": 1, "sum": 1}
+
     mats = gpu_model.matrices(*gpu_model.MODELS["124m"])
     assert len(mats) == 2 + 12 * 7  # embedding, head, 7 matrices per layer
     rows = gpu_model.step_model("124m", 30.0, efficiency=0.5, t_launch_us=10.0)
     paper = sum(4 * m * m * n + 30 * 2 * m**3 for m, n in mats)
     assert rows["paper-bf16"]["gflop"] == pytest.approx(paper / 1e9)
-    assert rows["paper-bf16"]["launches"] == 76 * len(mats)
+    per_paper = gpu_model.count_kernels("paper", 30.0) + 6
+    assert rows["paper-bf16"]["launches"] == per_paper * len(mats)
+    assert 30 * 3 < per_paper < 200  # at least the 30 products and updates of 10 NS steps
     k = rows["polar-fp32"]["steps"]
     polar = sum(4 * m * m * n + (1 + 4 * k - 4) * 2 * m**3 for m, n in mats)
     assert rows["polar-fp32"]["gflop"] == pytest.approx(polar / 1e9)
-    assert rows["polar-fp32"]["launches"] == len(set(mats)) * (30 + 8 * k + 6)
-    ms = paper / (0.5 * 989e12) * 1e3 + 76 * len(mats) * 10e-3
+    per_polar = gpu_model.count_kernels("polar", 30.0)
+    assert rows["polar-fp32"]["launches"] == len(set(mats)) * per_polar
+    ms = paper / (0.5 * 989e12) * 1e3 + per_paper * len(mats) * 10e-3
     assert rows["paper-bf16"]["ms"] == pytest.approx(ms)
-    # split bf16: three bf16 products per product, 10 more launches per product
+    # split bf16: three bf16 products per product; each of the 4K - 1 products (Gram, G²,
+    # 4K - 4 in the iteration, the final one) adds two 4-kernel splits and two concatenations
     split = rows["polar-bf16x3"]
     assert split["gflop"] == pytest.approx(3 * polar / 1e9)
-    assert split["launches"] == len(set(mats)) * (30 + 20 + (8 + 40) * k + 6 + 10)
+    products = 4 * k - 1
+    assert split["launches"] == len(set(mats)) * (per_polar + 10 * products)
     ms = 3 * polar / (0.5 * 989e12) * 1e3 + split["launches"] * 10e-3
     assert split["ms"] == pytest.approx(ms)
     assert "polar-bf16x3" not in gpu_model.step_model("124m", 300.0)  # α > 1e4: float32

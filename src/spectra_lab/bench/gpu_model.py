@@ -18,12 +18,13 @@ float64 (tensor core) 67. ``efficiency`` (default 0.6) and ``t_launch`` (default
 eager PyTorch op including its CPU dispatch) are assumptions; the table says so. The
 memory traffic of elementwise kernels (the splits, the polynomial updates) is left out.
 
-Launch counts come from the code: Algorithm 1 takes about 14 kernels before its loop and
-5 per Newton–Schulz step (two products, the 3I − ZY update, its halving, one more product),
-70 in all, plus 6 for the wrapper's clone, recovery and update; ``polar`` takes about 30
-kernels for its scale, Gram matrix, bounds and schedule, 8 per quintic step and 6 to finish.
-A split product adds 10 kernels to its one (two splits of 4 elementwise kernels, two
-concatenations): ``polar-bf16x3`` takes about 50, 48 per step and 16 to finish.
+Launch counts are counted, not estimated: :func:`count_kernels` runs the operator once on a
+small CPU matrix with the same σ_max/c (so the same schedule) and counts the aten operations
+it dispatches that compute something (views, allocations and host reads left out), taking
+one launch per operation. For ``polar-bf16x3`` the CPU emulates each bf16 product with two
+float32 conversions and a float32 product, where a GPU runs one product: two launches per
+product are taken off. The paper's wrapper adds 6 launches per matrix (clone, recovery of
+the direction, update), counted by hand.
 """
 
 from __future__ import annotations
@@ -31,15 +32,19 @@ from __future__ import annotations
 import argparse
 import math
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from spectra.ops import soft_clip, soft_clip_paper
 from spectra.ops.polar import inverse_sqrt_schedule
 from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
 from spectra_lab.bench.ops import matmul_flops
 from spectra_lab.bench.optim import llama_shapes
 
 PEAK_TFLOPS = {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0, "fp64": 67.0}
-PAPER_LAUNCHES_PER_MATRIX = 70 + 6
-POLAR_LAUNCHES = (30, 8, 6)  # per call: fixed, per step, finish
-SPLIT_EXTRA_LAUNCHES = 10  # per split bf16 product
+WRAPPER_LAUNCHES = 6  # the paper wrapper's clone, recovery and update, per matrix
+#: Operations that launch no kernel: allocations, autograd bookkeeping, the host read of α.
+NO_KERNEL = ("empty", "empty_strided", "detach", "lift_fresh", "_local_scalar_dense")
 #: Presets' (layers, d_model, SwiGLU hidden, vocabulary), from spectra_lab.model.llama.
 MODELS = {"124m": (12, 768, 2048, 50304), "780m": (32, 1280, 3584, 50304)}
 
@@ -51,6 +56,44 @@ def matrices(layers: int, dim: int, hidden: int, vocab: int) -> list[tuple[int, 
         if len(s) == 2:
             out.append((min(s), max(s)))
     return out
+
+
+class _KernelCounter(TorchDispatchMode):
+    """Counts the dispatched aten operations that compute, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in NO_KERNEL:
+            self.ops[name] = self.ops.get(name, 0) + 1
+        return out
+
+
+def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32, 64)) -> int:
+    """Kernel launches of one call of ``method`` (``paper``, ``polar``, ``polar-bf16x3``) on a
+    batch whose largest σ/c is ``sigma_over_c`` (a rank-one spike, for which the α bound is
+    exact, plus a small bulk), counted on the CPU."""
+    gen = torch.Generator().manual_seed(0)
+    X = 1e-3 * torch.randn(2, *shape, generator=gen)
+    X[:, 0, 0] += sigma_over_c
+    if method == "paper":
+        call = lambda: soft_clip_paper(X[0], 1.0, dtype=torch.float32)  # noqa: E731
+    elif method == "polar":
+        call = lambda: soft_clip(X, 1.0, method="polar")  # noqa: E731
+    elif method == "polar-bf16x3":
+        call = lambda: soft_clip(X, 1.0, method="polar", ns_dtype=torch.bfloat16)  # noqa: E731
+    else:
+        raise ValueError(f"no kernel count for {method!r}")
+    with _KernelCounter() as counter:
+        call()
+    total = sum(counter.ops.values())
+    if method == "polar-bf16x3":  # emulated bf16 products: two conversions each on the CPU
+        total -= 2 * (counter.ops.get("mm", 0) + counter.ops.get("bmm", 0))
+    return total
 
 
 def polar_steps_for(sigma_over_c: float, tol: float = POLAR_TOL) -> int:
@@ -66,18 +109,16 @@ def step_model(
     mats = matrices(*MODELS[model])
     steps = polar_steps_for(sigma_over_c)
     paper_f = sum(matmul_flops("paper", (m, n)) for m, n in mats)
-    paper_l = PAPER_LAUNCHES_PER_MATRIX * len(mats)
+    paper_l = (count_kernels("paper", sigma_over_c) + WRAPPER_LAUNCHES) * len(mats)
     polar_f = sum(matmul_flops("polar", (m, n), steps) for m, n in mats)
     batches = len(set(mats))
-    fixed, per_step, finish = POLAR_LAUNCHES
-    polar_l = batches * (fixed + per_step * steps + finish)
+    polar_l = batches * count_kernels("polar", sigma_over_c)
     rows = [
         ("paper-bf16", paper_f, paper_l, PEAK_TFLOPS["bf16"]),
         ("polar-fp32", polar_f, polar_l, PEAK_TFLOPS["fp32"]),
     ]
     if 1.0 + sigma_over_c**2 <= POLAR_SPLIT_MAX_ALPHA:
-        extra = SPLIT_EXTRA_LAUNCHES
-        split_l = batches * (fixed + 2 * extra + (per_step + 4 * extra) * steps + finish + extra)
+        split_l = batches * count_kernels("polar-bf16x3", sigma_over_c)
         rows.append(("polar-bf16x3", 3 * polar_f, split_l, PEAK_TFLOPS["bf16"]))
     out = {}
     for name, flops, launches, peak in rows:
