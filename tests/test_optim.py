@@ -638,6 +638,10 @@ def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each()
         with pytest.raises(RuntimeError, match="bad batch"):
             batched_apply_(failing, mats)
         assert torch.get_num_threads() == 2
+        # a single batch keeps the caller's thread and its intra-op threads
+        seen.clear()
+        batched_apply_(op, mats[:1])
+        assert seen == [(threading.get_ident(), 2, True)]
         # under the profiler, and with one thread, everything runs on the caller's thread
         seen.clear()
         with torch.profiler.profile():

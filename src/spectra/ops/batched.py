@@ -50,8 +50,8 @@ def batched_apply_(
     intra-op threads at these sizes; running batches side by side is what uses the cores
     (docs/operators.md). Each batch is computed on one thread, so results do not depend on the
     scheduling. The thread count is process-wide: other torch work in the process runs
-    single-threaded meanwhile. While the PyTorch profiler is on, batches run on the calling
-    thread, where the profiler sees them.
+    single-threaded meanwhile. A call with a single batch, and every call while the PyTorch
+    profiler is on, runs on the calling thread (where the profiler sees it) with its threads.
     """
     mats = list(matrices)
     for X in mats:
@@ -69,6 +69,9 @@ def batched_apply_(
     if threads < 2 or not on_cpu:
         return
     batches = _batches(on_cpu, max(1, max_elements // threads))
+    if len(batches) == 1:  # one batch keeps the intra-op threads for its products
+        _apply(op, batches[0])
+        return
     grad = torch.is_grad_enabled()  # grad mode is per thread
     with single_thread_lapack(on_cpu[0].device):
         with ThreadPoolExecutor(min(threads, len(batches))) as pool:
