@@ -61,26 +61,26 @@ def batched_apply_(
         return
     if max_elements is None:
         max_elements = -(-sum(X.numel() for X in mats) // BATCH_FRACTION)
+    grad = torch.is_grad_enabled()  # grad mode is per thread: the workers get the caller's
     threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
     on_cpu = [X for X in mats if X.device.type == "cpu"]
     elsewhere = [X for X in mats if X.device.type != "cpu"]
     for batch in _batches(elsewhere if threads > 1 else mats, max_elements):
-        _apply(op, batch)
+        _apply(op, batch, grad)
     if threads < 2 or not on_cpu:
         return
     batches = _batches(on_cpu, max(1, max_elements // threads))
     if len(batches) == 1:  # one batch keeps the intra-op threads for its products
-        _apply(op, batches[0])
+        _apply(op, batches[0], grad)
         return
-    grad = torch.is_grad_enabled()  # grad mode is per thread
     with single_thread_lapack(on_cpu[0].device):
         with ThreadPoolExecutor(min(threads, len(batches))) as pool:
             for future in [pool.submit(_apply, op, batch, grad) for batch in batches]:
                 future.result()
 
 
-def _apply(op: Callable[[Tensor], Tensor], batch: list[Tensor], grad: bool | None = None) -> None:
-    """``X ← op(X)`` for one batch (in grad mode ``grad``, default: the thread's own)."""
-    with torch.set_grad_enabled(torch.is_grad_enabled() if grad is None else grad):
+def _apply(op: Callable[[Tensor], Tensor], batch: list[Tensor], grad: bool) -> None:
+    """``X ← op(X)`` for one batch, in grad mode ``grad``."""
+    with torch.set_grad_enabled(grad):
         stacked = batch[0].unsqueeze(0) if len(batch) == 1 else torch.stack(batch)
         torch._foreach_copy_(batch, list(op(stacked).unbind(0)))

@@ -64,9 +64,14 @@ POLAR_SPLIT_MAX_ALPHA = 1e4
 # Largest α each working precision resolves: eigenvalues of M̂ = M/α below 1/α_cap are lifted
 # to 1/α_cap. Rounding makes such eigenvalues noise of either sign, and the iteration would
 # amplify a negative one without bound; lifting them only shrinks H_c on directions with
-# σ/c ≲ 10·√(α/α_cap), which exist only for σ_max/c beyond 1e3 (float32) or 1e6 (float64),
-# or 1e2 with split bf16 products (``dtype=torch.bfloat16``).
-POLAR_MAX_ALPHA = {torch.float64: 1e12, torch.float32: 1e6, torch.bfloat16: 1e4}
+# σ/c ≲ 10·√(α/α_cap), which exist only for σ_max/c beyond 1e3 (float32) or 1e6 (float64).
+# Split bf16 products (``dtype=torch.bfloat16``) run only while α ≤ POLAR_SPLIT_MAX_ALPHA, so
+# their cap lifts nothing.
+POLAR_MAX_ALPHA = {
+    torch.float64: 1e12,
+    torch.float32: 1e6,
+    torch.bfloat16: POLAR_SPLIT_MAX_ALPHA,
+}
 
 # Method "eigh" sums the Gram matrix over GRAM_BLOCKS column blocks (of at least
 # GRAM_MIN_BLOCK columns), so that its scaled float64 copy of X is an eighth of X at a time.

@@ -30,6 +30,7 @@ the direction, update), counted by hand.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 import torch
@@ -73,6 +74,7 @@ class _KernelCounter(TorchDispatchMode):
         return out
 
 
+@functools.cache
 def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32, 64)) -> int:
     """Kernel launches of one call of ``method`` (``paper``, ``polar``, ``polar-bf16x3``) on a
     batch whose largest σ/c is ``sigma_over_c`` (a rank-one spike, for which the α bound is
@@ -80,16 +82,15 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
     gen = torch.Generator().manual_seed(0)
     X = 1e-3 * torch.randn(2, *shape, generator=gen)
     X[:, 0, 0] += sigma_over_c
-    if method == "paper":
-        call = lambda: soft_clip_paper(X[0], 1.0, dtype=torch.float32)  # noqa: E731
-    elif method == "polar":
-        call = lambda: soft_clip(X, 1.0, method="polar")  # noqa: E731
-    elif method == "polar-bf16x3":
-        call = lambda: soft_clip(X, 1.0, method="polar", ns_dtype=torch.bfloat16)  # noqa: E731
-    else:
+    calls = {
+        "paper": lambda: soft_clip_paper(X[0], 1.0, dtype=torch.float32),
+        "polar": lambda: soft_clip(X, 1.0, method="polar"),
+        "polar-bf16x3": lambda: soft_clip(X, 1.0, method="polar", ns_dtype=torch.bfloat16),
+    }
+    if method not in calls:
         raise ValueError(f"no kernel count for {method!r}")
     with _KernelCounter() as counter:
-        call()
+        calls[method]()
     total = sum(counter.ops.values())
     if method == "polar-bf16x3":  # emulated bf16 products: two conversions each on the CPU
         total -= 2 * (counter.ops.get("mm", 0) + counter.ops.get("bmm", 0))
