@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from spectra_lab.bench.step import base_of, run_benchmark
+import pytest
+import torch
+
+from spectra_lab.bench.step import base_of, format_report, run_benchmark
 from spectra_lab.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,6 +43,25 @@ def test_cli_prints_the_table_and_rejects_bad_input_in_one_line(capsys):
     assert main(["bench", "step", "--preset", "huge"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'huge'" in err
+
+
+def test_json_stores_the_report_the_table_is_printed_from(tmp_path, capsys):
+    path = tmp_path / "step.json"
+    argv = ["bench", "step", "--preset", "tiny", "--steps", "1", "--warmup", "0", "--device",
+            "cpu", "--optimizer", "adamw", "dmuon", "--pre-clip", "1",
+            "--json", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads(path.read_text())
+    assert report["args"] == {
+        "preset": "tiny", "optimizer": ["adamw", "dmuon"], "pre_clip": 1.0, "steps": 1,
+        "warmup": 0, "batch_size": 8, "device": "cpu", "threads": None,
+    }  # fmt: skip
+    assert report["torch"] == torch.__version__ and report["threads"] == torch.get_num_threads()
+    assert [r["optimizer"] for r in report["rows"]] == ["adamw", "adamw + pre-clip 1", "dmuon"]
+    assert report["no_pre_clip"] == ["dmuon"]
+    assert format_report(report) == out
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left behind
 
 
 @pytest.mark.parametrize(

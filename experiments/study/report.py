@@ -1,30 +1,45 @@
-"""The reproduction study's tables, verdicts and figures, from the sweeps' ``results.json``.
+"""The reproduction study's tables, verdicts, figures and the numbers quoted in its prose.
 
     python experiments/study/report.py            # rewrites the marked blocks of docs/results.md
+    python experiments/study/report.py --check    # exits 1, with a diff, where the page differs
 
-Reads ``results/study/<sweep>/results.json`` (written by ``spectra sweep``), and writes:
+Reads ``results/study/<sweep>/results.json`` (written by ``spectra sweep``) and the benchmark
+data it quotes (``docs/data/``), and writes:
 
-- the tables between ``<!-- study:NAME -->`` and ``<!-- /study:NAME -->`` in docs/results.md;
-- ``docs/figures/study_methods.png`` and ``docs/figures/study_ablations.png``.
+- the marked blocks of docs/results.md: a table between ``<!-- study:NAME -->`` and
+  ``<!-- /study:NAME -->`` on lines of their own, or a number or phrase between the two markers
+  inside a line of prose;
+- ``docs/figures/study_methods.png``, ``study_ablations.png`` and ``study_signum.png``.
+
+A block whose data file is missing (the ``spectra bench step`` tables before their JSON is
+stored) is left as it is, with a line saying so; ``--check`` reports it as not checked.
+``--check`` writes nothing and draws no figure.
 
 Every comparison is paired by seed (same seed, same data order and initialisation): for the
 per-seed differences d_s = loss(B) − loss(A), their mean, sample std, n and the paired t
 statistic t = mean / (std / √n). A difference is called significant when |t| exceeds the
 two-sided 95% quantile of Student's t with n − 1 degrees of freedom (4.303 for n = 3).
-A verdict follows from that rule alone, so it changes when the numbers do.
+A verdict follows from that rule alone, so it changes when the numbers do. Every Δ of the page
+is labelled with the order of its difference (Δ = B − A).
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import itertools
 import json
 import math
 import re
 import statistics
 import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results" / "study"
+DATA = ROOT / "docs" / "data"
 DOC = ROOT / "docs" / "results.md"
 FIGURES = ROOT / "docs" / "figures"
 
@@ -39,8 +54,8 @@ ORDER = ["adamw", "spectra-adamw", "signum", "spectra-signum", "ademamix", "spec
          "mars", "dmuon", "soap"]  # fmt: skip
 
 
-def load(sweep: str) -> dict | None:
-    path = RESULTS / sweep / "results.json"
+def load(sweep: str, results: Path = RESULTS) -> dict | None:
+    path = results / sweep / "results.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -77,7 +92,7 @@ def mean_std(values: dict[int, float]) -> str:
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
-    """Paired differences b − a over the seeds both have."""
+    """Paired differences Δ = b − a over the seeds both have (None below two seeds)."""
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:
         return None
@@ -193,7 +208,7 @@ def c_table(cab: dict | None, seeds: dict | None) -> tuple[str, dict]:
     values = {10.0: ref}
     for c in (1.0, 5.0, 20.0, 50.0):
         values[c] = per_seed(cab, clip_c=c)
-    rows = ["| c | final val loss | Δ against c = 10 (paired) |", "|---:|---|---|"]
+    rows = ["| c | final val loss | Δ = loss(c) − loss(c = 10) (paired) |", "|---:|---|---|"]
     diffs = {}
     for c in sorted(values):
         diffs[c] = None if c == 10.0 else paired(ref, values[c])
@@ -219,12 +234,12 @@ def ns_table(nsab: dict | None, seeds: dict | None) -> tuple[str, dict]:
     steps = {name: step_time(nsab, optimizer_kwargs=kw) for name, kw in NS_CASES}
     steps["ours, auto (accurate)"] = step_time(seeds, optimizer="spectra-adamw")
     base = values["paper, N_s = 10, bf16"]
-    rows = ["| operator | final val loss | Δ against paper N_s = 10 bf16 (paired) "
+    rows = ["| operator | final val loss | Δ = it − paper N_s = 10 bf16 (paired) "
             "| median step (s) |", "|---|---|---|---:|"]  # fmt: skip
     diffs = {}
     for name, vals in values.items():
         is_ref = name == "paper, N_s = 10, bf16"
-        diffs[name] = None if is_ref else paired(vals, base)
+        diffs[name] = None if is_ref else paired(base, vals)
         st = steps[name]
         rows.append(f"| {name} | {mean_std(vals)} | "
                     f"{'(reference)' if is_ref else fmt_diff(diffs[name])} | "
@@ -268,6 +283,15 @@ def same(p: dict | None) -> str:
     return "not held" if p["sig"] else "held (no significant difference)"
 
 
+def ours_verdict(p: dict | None) -> str:
+    """Which operator trains to the lower loss, for Δ = loss(ours) − loss(paper's)."""
+    if p is None:
+        return "inconclusive (not run)"
+    if not p["sig"]:
+        return "no significant difference"
+    return "ours lower" if p["mean"] < 0 else "ours higher"
+
+
 def summary_table(seeds: dict | None, stab: dict | None, c: dict, ns: dict, fx: dict) -> str:
     rows = ["| claim of the paper | here | verdict |", "|---|---|---|"]
 
@@ -303,14 +327,8 @@ def summary_table(seeds: dict | None, stab: dict | None, c: dict, ns: dict, fx: 
         p = ns["diffs"].get(name)
         add(f"{name} on par with paper N_s = 10 bf16 (Δ = it − N_s 10)", p, same(p))
     p = ns["diffs"].get("ours, auto (accurate)")
-    if p is None:
-        ours = "inconclusive (not run)"
-    elif p["sig"]:
-        ours = "ours lower" if p["mean"] < 0 else "ours higher"
-    else:
-        ours = "no significant difference"
     add("(our question) the accurate clip trains better than the paper's bf16 N_s = 10 "
-        "(Δ = ours − paper)", p, ours)  # fmt: skip
+        "(Δ = ours − paper)", p, ours_verdict(p))  # fmt: skip
     for steps in (210, 220, 240):
         p = fx["diffs"][steps]
         add(f"AdamW with {steps / 200:g}x the steps is no better than Spectra-AdamW (Δ = "
@@ -318,13 +336,274 @@ def summary_table(seeds: dict | None, stab: dict | None, c: dict, ns: dict, fx: 
     return "\n".join(rows)
 
 
-def tuned_lrs() -> dict[str, float]:
+def tuned_lrs(results: Path = RESULTS) -> dict[str, float]:
     out = {}
     for sweep in ("lr-adam", "lr-sign"):
-        rep = load(sweep)
+        rep = load(sweep, results)
         for b in (rep or {}).get("best", []):
             out[b["point"]["optimizer"]] = b["lr"]
     return out
+
+
+# ----- numbers quoted in the prose -------------------------------------------------------
+
+
+class Missing(Exception):
+    """What a block is computed from is missing: the block is left as it is."""
+
+
+def mean_of(values: dict[int, float], what: str) -> float:
+    if not values:
+        raise Missing(f"no runs of {what}")
+    return statistics.fmean(values.values())
+
+
+def span(lo: float, hi: float, fmt: Callable[[float], str], unit: str = "") -> str:
+    """``lo–hi`` formatted by ``fmt`` (one number where both print the same)."""
+    a, b = fmt(lo), fmt(hi)
+    return f"{a}{unit}" if a == b else f"{a}–{b}{unit}"
+
+
+def more_or_less(x: float) -> str:
+    """A relative difference in words: ``17% more``, ``5% less``."""
+    return f"{abs(x):.0%} {'more' if x >= 0 else 'less'}"
+
+
+def step_times(seeds: dict | None, *names: str) -> list[float]:
+    times = [step_time(seeds, optimizer=name) for name in names]
+    missing = [name for name, t in zip(names, times, strict=True) if t is None]
+    if missing:
+        raise Missing(f"no step times of {', '.join(missing)}")
+    return times  # type: ignore[return-value]
+
+
+def c50_prose(c: dict, seeds: dict | None) -> str:
+    """How far c = 50 moves Spectra-AdamW's mean loss from c = 10 towards AdamW's (same lr):
+    (loss(c=50) − loss(c=10)) / (loss(AdamW) − loss(c=10))."""
+    c10 = mean_of(c["values"][10.0], "spectra-adamw (c = 10)")
+    c50 = mean_of(c["values"][50.0], "c = 50")
+    adamw = mean_of(per_seed(seeds, optimizer="adamw"), "adamw")
+    return (f"{(c50 - c10) / (adamw - c10):.0%} of the way there ({c50:.3f}, from {c10:.3f} at "
+            f"c = 10 towards AdamW's {adamw:.3f})")  # fmt: skip
+
+
+NAMES = {"adamw": "AdamW", "signum": "Signum", "ademamix": "AdEMAMix"}
+
+
+def gaps_prose(seeds: dict | None) -> str:
+    """Each base optimizer's mean paired gap to its Spectra twin, smallest first."""
+    gaps = {}
+    for base, spectra in PAIRS:
+        p = paired(per_seed(seeds, optimizer=spectra), per_seed(seeds, optimizer=base))
+        if p is None:
+            raise Missing(f"fewer than two paired seeds of {base} and {spectra}")
+        gaps[base] = p["mean"]
+    order = sorted(gaps, key=gaps.get)
+    return ", ".join(
+        f"{gaps[b]:.2f}{' nats' if i == 0 else ''} for {NAMES[b]}" for i, b in enumerate(order)
+    )
+
+
+def dmuon_ratio_prose(seeds: dict | None) -> str:
+    adamw, dmuon = step_times(seeds, "adamw", "dmuon")
+    return f"{more_or_less(dmuon / adamw - 1)} than AdamW's"
+
+
+def dmuon_step_prose(seeds: dict | None) -> str:
+    adamw, dmuon = step_times(seeds, "adamw", "dmuon")
+    return f"{dmuon:.3f} s, {more_or_less(dmuon / adamw - 1)} than AdamW's {adamw:.3f} s"
+
+
+def soap_step_prose(seeds: dict | None) -> str:
+    adamw, soap = step_times(seeds, "adamw", "soap")
+    return f"{soap / adamw:.1f}× AdamW's ({soap:.3f} s against {adamw:.3f} s)"
+
+
+def overhead_prose(seeds: dict | None) -> str:
+    """The range of the overhead column of the overhead table."""
+    over = []
+    for base, spectra in PAIRS:
+        a, b = step_times(seeds, base, spectra)
+        over.append(b / a - 1)
+    return span(min(over), max(over), lambda x: f"{x:+.0%}").replace("–", " to ")
+
+
+def ops_cells(data: Path, name: str) -> list[dict]:
+    path = data / name
+    if not path.is_file():
+        raise Missing(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} is missing")
+    return json.loads(path.read_text())["cells"]
+
+
+def paper_error_prose(data: Path) -> str:
+    """Relative Frobenius error of the paper's bf16 Algorithm 1 on the recorded training
+    directions (float32 input), as a percentage range."""
+    errs = [c["rel_err"] for c in ops_cells(data, "bench_ops_cpu_recorded.json")
+            if c["method"] == "paper_bf16" and c["dtype"] == "fp32"]  # fmt: skip
+    if not errs:
+        raise Missing("no paper_bf16 cells in bench_ops_cpu_recorded.json")
+    return span(100 * min(errs), 100 * max(errs), lambda x: f"{x:.2g}", "%")
+
+
+def paper_spike_prose(data: Path) -> str:
+    """The same on the spiked synthetic inputs at the 124M shapes (σ_max/c = 10³)."""
+    errs = [c["rel_err"] for c in ops_cells(data, "bench_ops_cpu_synthetic.json")
+            if c["method"] == "paper_bf16" and c["dtype"] == "fp32"
+            and c["input"] == "adam_spike"]  # fmt: skip
+    if not errs:
+        raise Missing("no paper_bf16 adam_spike cells in bench_ops_cpu_synthetic.json")
+    return span(100 * min(errs), 100 * max(errs), lambda x: f"{x:.0f}", "%")
+
+
+def catch_up(fx: dict) -> dict:
+    """Where AdamW would reach Spectra-AdamW's 200-step mean loss, extrapolated linearly from
+    its longest run at the slowest and at the fastest gain per step between consecutive runs.
+
+    ``gains``: mean loss bought per 10 extra steps between consecutive step counts; ``gap``:
+    the longest run's mean loss minus Spectra-AdamW's; ``steps``: (fewest, most) total steps,
+    i.e. the longest run's steps plus gap / gain, fastest gain first (None where a gain is not
+    positive, since no linear extrapolation reaches the target then).
+    """
+    spectra = mean_of(fx["spectra"], "spectra-adamw")
+    means = {n: statistics.fmean(v.values()) for n, v in fx["runs"].items() if v}
+    if len(means) < 2:
+        raise Missing("fewer than two AdamW step counts run")
+    counts = sorted(means)
+    gains = [10 * (means[a] - means[b]) / (b - a) for a, b in itertools.pairwise(counts)]
+    last = counts[-1]
+    gap = means[last] - spectra
+    fast, slow = max(gains), min(gains)
+    steps = tuple(last + 10 * gap / g if g > 0 else None for g in (fast, slow))
+    return {"gains": gains, "last": last, "gap": gap, "steps": steps}
+
+
+def wrap(text: str) -> str:
+    """A generated paragraph wrapped like the page's prose."""
+    return textwrap.fill(text, 95, break_on_hyphens=False, break_long_words=False)
+
+
+def fixed_prose(fx: dict, seeds: dict | None) -> str:
+    """The paragraph under the fixed-time table."""
+    return wrap(fixed_text(fx, seeds))
+
+
+def fixed_text(fx: dict, seeds: dict | None) -> str:
+    adamw_s, spectra_s = step_times(seeds, "adamw", "spectra-adamw")
+    ratio = spectra_s / adamw_s
+    cu = catch_up(fx)
+    last, gap = cu["last"], cu["gap"]
+    k = last / 200
+    verdict = no_lower(fx["diffs"][last])
+    opening = (
+        "The paper's fixed-time claim holds here"
+        + (" with room to spare" if verdict == "held" and fx["diffs"][last]["sig"] else "")
+        if verdict == "held"
+        else "The paper's fixed-time claim is not confirmed here"
+    )
+    wall = ", about the same wall time," if abs(k - ratio) <= 0.05 else ""
+    text = (
+        f"{opening}: Spectra-AdamW's median step costs {ratio:.2f}× AdamW's on this machine "
+        f"(timing below), and AdamW given {k:g}× the steps{wall} ends "
+        f"{abs(gap):.2f} nats {'higher' if gap > 0 else 'lower'} (means over seeds)."
+    )
+    if gap <= 0:
+        return text
+    gains = span(min(cu["gains"]), max(cu["gains"]), lambda x: f"{x:.3f}")
+    counts = sorted(fx["runs"])
+    text += (
+        f" Between consecutive runs ({', '.join(f'{a}→{b}' for a, b in itertools.pairwise(counts))}"
+        f" steps) each extra 10 steps bought AdamW {gains} nats of mean loss."
+    )
+    fewest, most = cu["steps"]
+    if fewest is None or most is None:
+        return text + " Not every gain is positive, so no linear extrapolation is given."
+    return text + (
+        f" Going on linearly from its {last} steps, at the fastest of these gains and at the "
+        f"slowest, it would reach Spectra-AdamW's loss after about "
+        f"{span(fewest, most, lambda x: f'{x:.0f}')} steps in all, "
+        f"{span(fewest / 200, most / 200, lambda x: f'{x:.2f}')}× Spectra-AdamW's 200 (an "
+        "extrapolation, not run)."
+    )
+
+
+# ----- the spectra bench step tables ------------------------------------------------------
+
+#: Block name -> the ``spectra bench step --json`` file it is rendered from (in docs/data).
+STEP_FILES = {"step": "bench_step_cpu.json", "step-baselines": "bench_step_cpu_baselines.json"}
+
+
+def step_report(data: Path, block: str) -> dict:
+    path = data / STEP_FILES[block]
+    if not path.is_file():
+        raise Missing(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} is missing")
+    return json.loads(path.read_text())
+
+
+def step_table(report: dict) -> str:
+    """A ``spectra bench step --json`` report as the command prints it, in a code block."""
+    from spectra_lab.bench.step import format_report
+
+    return "```\n" + format_report(report) + "```"
+
+
+def step_rows(report: dict) -> tuple[dict[str, dict], list[tuple[dict, dict]], list[tuple]]:
+    """(rows by label, [(Spectra-X row, X row)], [(X + pre-clip row, X row)])."""
+    rows = {r["optimizer"]: r for r in report["rows"]}
+    clipped, pre = [], []
+    for r in report["rows"]:
+        label = r["optimizer"]
+        name = label.split(" + pre-clip ")[0]
+        base = rows.get(r["base"])
+        if base is None or base is r:
+            continue
+        if " + pre-clip " not in label and name != r["base"]:
+            clipped.append((r, base))
+        elif " + pre-clip " in label and name == r["base"]:
+            pre.append((r, base))
+    return rows, clipped, pre
+
+
+def step_clip_prose(report: dict) -> str:
+    """What the clip and pre-clipping add to the optimizer step: Spectra-X's optimizer step
+    minus X's, and X + pre-clip's minus X's."""
+    _, clipped, pre = step_rows(report)
+    if not clipped:
+        raise Missing("no Spectra-X row with its X in the step table")
+    clip = [r["optimizer_ms"] - b["optimizer_ms"] for r, b in clipped]
+    share = [(r["optimizer_ms"] - b["optimizer_ms"]) / r["total_ms"] for r, b in clipped]
+    text = (
+        f"{span(min(clip), max(clip), lambda x: f'{x:.0f}')} ms a step here (SPECTRA's optimizer "
+        f"step minus the base's; {span(100 * min(share), 100 * max(share), lambda x: f'{x:.0f}')}"
+        "% of the SPECTRA step)"
+    )
+    if pre:
+        cost = [r["optimizer_ms"] - b["optimizer_ms"] for r, b in pre]
+        text += (
+            f", and pre-clipping {span(min(cost), max(cost), lambda x: f'{x:.0f}')} ms "
+            "(X + pre-clip's optimizer step minus X's)"
+        )
+    return text
+
+
+def step_fb_prose(reports: list[dict]) -> str:
+    """The range of forward and backward times (total minus optimizer step) over the rows of
+    the step tables, and AdamW's total in each."""
+    fb = [r["total_ms"] - r["optimizer_ms"] for rep in reports for r in rep["rows"]]
+    adamw = [r["total_ms"] for rep in reports for r in rep["rows"] if r["optimizer"] == "adamw"]
+    text = f"{span(min(fb), max(fb), lambda x: f'{x:.0f}')} ms from one row to the next"
+    if len(adamw) == 2:
+        text += (f" (AdamW's total is {adamw[0]:.0f} ms in the first run and {adamw[1]:.0f} ms "
+                 "in the second)")  # fmt: skip
+    return text
+
+
+def step_dmuon_prose(report: dict) -> str:
+    rows, _, _ = step_rows(report)
+    if "dmuon" not in rows:
+        raise Missing("no dmuon row in the baselines' step table")
+    r = rows["dmuon"]
+    return (f"{r['optimizer_ms'] / 1e3:.1f} s an optimizer step ({r['total_ms'] / 1e3:.1f} s the "
+            "whole step)")  # fmt: skip
 
 
 # ----- figures ----------------------------------------------------------------------------
@@ -418,9 +697,9 @@ def train_curve(run_dir: Path, beta: float = 0.9) -> tuple[list[int], list[float
     return steps, losses
 
 
-def plot_signum(stab: dict | None, path: Path) -> bool:
+def plot_signum(stab: dict | None, path: Path, results: Path = RESULTS) -> bool:
     """Training loss of the Signum-stability runs, a line per seed (needs the run directories)."""
-    runs_dir = RESULTS / "signum-stability" / "runs"
+    runs_dir = results / "signum-stability" / "runs"
     if stab is None or not runs_dir.is_dir():
         return False
     import matplotlib
@@ -462,40 +741,156 @@ def save(fig, path: Path) -> None:
 
 # ----- the page ---------------------------------------------------------------------------
 
+MARKER = re.compile(r"<!-- study:([\w.-]+) -->")
+
+
+def block_pattern(name: str) -> re.Pattern:
+    n = re.escape(name)
+    return re.compile(rf"<!-- study:{n} -->(.*?)<!-- /study:{n} -->", re.S)
+
+
+def extract(text: str, name: str) -> str | None:
+    """The body of the (first) block ``name`` of ``text``; None where there is none."""
+    m = block_pattern(name).search(text)
+    if m is None:
+        return None
+    body = m.group(1)
+    return body[1:].removesuffix("\n") if body.startswith("\n") else body
+
 
 def fill(text: str, name: str, body: str) -> str:
-    pattern = re.compile(rf"(<!-- study:{name} -->\n).*?(<!-- /study:{name} -->)", re.S)
+    """``text`` with every block ``name`` holding ``body``: on lines of their own where the
+    opening marker ends its line, else inside the line (``body`` must then be one line)."""
+    pattern = block_pattern(name)
     if not pattern.search(text):
-        raise SystemExit(f"{DOC}: no block <!-- study:{name} --> … <!-- /study:{name} -->")
-    return pattern.sub(lambda m: m.group(1) + body.rstrip() + "\n" + m.group(2), text)
+        raise ValueError(f"no block <!-- study:{name} --> … <!-- /study:{name} -->")
+
+    def sub(m: re.Match) -> str:
+        if m.group(1).startswith("\n"):
+            inner = "\n" + body.rstrip() + "\n"
+        elif "\n" in body:
+            raise ValueError(f"block {name} sits inside a line, and its text has line breaks")
+        else:
+            inner = body
+        return f"<!-- study:{name} -->{inner}<!-- /study:{name} -->"
+
+    return pattern.sub(sub, text)
 
 
-def main() -> int:
+def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dict]:
+    """``(bodies, missing, parts)``: the body of every block that can be computed, the reason
+    for each one that cannot (left as it is), and the parts the figures are drawn from."""
+    seeds, stab = load("seeds", results), load("signum-stability", results)
+    c_md, c = c_table(load("c-ablation", results), seeds)
+    ns_md, ns = ns_table(load("ns-ablation", results), seeds)
+    fx_md, fx = fixed_table(load("fixed-time", results), seeds)
+
+    def step_reports() -> list[dict]:
+        return [step_report(data, block) for block in STEP_FILES]
+
+    makers: dict[str, Callable[[], str]] = {
+        "summary": lambda: summary_table(seeds, stab, c, ns, fx),
+        "methods": lambda: methods_table(seeds, tuned_lrs(results)),
+        "pairs": lambda: pairs_table(seeds),
+        "signum": lambda: signum_table(stab),
+        "c": lambda: c_md,
+        "ns": lambda: ns_md,
+        "fixed": lambda: fx_md,
+        "overhead": lambda: overhead_table(seeds),
+        "gaps": lambda: gaps_prose(seeds),
+        "dmuon-ratio": lambda: dmuon_ratio_prose(seeds),
+        "c50": lambda: c50_prose(c, seeds),
+        "paper-bf16-error": lambda: paper_error_prose(data),
+        "paper-bf16-spike": lambda: paper_spike_prose(data),
+        "fixed-prose": lambda: fixed_prose(fx, seeds),
+        "overhead-range": lambda: overhead_prose(seeds),
+        "dmuon-step": lambda: dmuon_step_prose(seeds),
+        "soap-step": lambda: soap_step_prose(seeds),
+        "step": lambda: step_table(step_report(data, "step")),
+        "step-baselines": lambda: step_table(step_report(data, "step-baselines")),
+        "step-fb": lambda: step_fb_prose(step_reports()),
+        "step-clip": lambda: step_clip_prose(step_report(data, "step")),
+        "step-dmuon": lambda: step_dmuon_prose(step_report(data, "step-baselines")),
+    }
+    bodies, missing = {}, {}
+    for name, make in makers.items():
+        try:
+            bodies[name] = make()
+        except Missing as exc:
+            missing[name] = str(exc)
+    return bodies, missing, {"seeds": seeds, "stab": stab, "c": c, "ns": ns, "fx": fx}
+
+
+def render(text: str, bodies: dict[str, str]) -> str:
+    for name, body in bodies.items():
+        text = fill(text, name, body)
+    return text
+
+
+def check(text: str, bodies: dict[str, str], missing: dict[str, str]) -> int:
+    """Print each block of ``text`` that differs from ``bodies`` (with a short diff) and each
+    marker nobody computes; 1 if there is any, else 0. ``missing`` blocks are not checked."""
+    bad = []
+    for name in dict.fromkeys(MARKER.findall(text)):
+        if name not in bodies and name not in missing:
+            print(f"{name}: unknown block (report.py computes no such block)")
+            bad.append(name)
+    for name, body in bodies.items():
+        old = extract(text, name)
+        if old is None:
+            print(f"{name}: no block <!-- study:{name} --> … <!-- /study:{name} --> in the page")
+            bad.append(name)
+            continue
+        new = extract(fill(text, name, body), name)
+        if old != new:
+            bad.append(name)
+            print(f"{name}: differs from the data")
+            diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), "page", "data",
+                                             n=0, lineterm=""))[2:]  # fmt: skip
+            for line in diff[:12]:
+                print(f"  {line}")
+            if len(diff) > 12:
+                print(f"  … {len(diff) - 12} more diff lines")
+    checked = len(bodies) - len([n for n in bad if n in bodies])
+    print(f"{checked} of {len(bodies) + len(missing)} blocks agree with the data"
+          + (f", {len(missing)} not checked" if missing else ""))  # fmt: skip
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Write the reproduction study's tables, verdicts and quoted numbers into "
+        "docs/results.md, and its figures."
+    )
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing: exit 1, with a diff, where a block of the page "
+                        "differs from what the data give")  # fmt: skip
+    parser.add_argument("--doc", type=Path, default=DOC, help="the page (docs/results.md)")
+    parser.add_argument("--no-figures", action="store_true", help="write the page only")
+    args = parser.parse_args(argv)
+
+    bodies, missing, parts = compute()
+    text = args.doc.read_text()
+    for name, why in missing.items():
+        print(f"{name}: {'not checked' if args.check else 'left as it is'} ({why})")
+    if args.check:
+        return check(text, bodies, missing)
+
     from spectra_lab.files import atomic_write
 
-    seeds, stab = load("seeds"), load("signum-stability")
-    c_md, c = c_table(load("c-ablation"), seeds)
-    ns_md, ns = ns_table(load("ns-ablation"), seeds)
-    fx_md, fx = fixed_table(load("fixed-time"), seeds)
-    blocks = {
-        "summary": summary_table(seeds, stab, c, ns, fx),
-        "methods": methods_table(seeds, tuned_lrs()),
-        "pairs": pairs_table(seeds),
-        "signum": signum_table(stab),
-        "c": c_md,
-        "ns": ns_md,
-        "fixed": fx_md,
-        "overhead": overhead_table(seeds),
-    }
-    text = DOC.read_text()
-    for name, body in blocks.items():
-        text = fill(text, name, body)
-    atomic_write(DOC, text)
-    plot_methods(seeds, FIGURES / "study_methods.png")
-    plot_ablations(c, ns, fx, FIGURES / "study_ablations.png")
-    if not plot_signum(stab, FIGURES / "study_signum.png"):
-        print("study_signum.png not drawn: results/study/signum-stability/runs is missing")
-    for name, body in blocks.items():
+    try:
+        new = render(text, bodies)
+    except ValueError as exc:
+        raise SystemExit(f"{args.doc}: {exc}") from None
+    if new != text:
+        atomic_write(args.doc, new)
+    if not args.no_figures:
+        seeds, stab = parts["seeds"], parts["stab"]
+        plot_methods(seeds, FIGURES / "study_methods.png")
+        plot_ablations(parts["c"], parts["ns"], parts["fx"], FIGURES / "study_ablations.png")
+        if not plot_signum(stab, FIGURES / "study_signum.png"):
+            print("study_signum.png not drawn: results/study/signum-stability/runs is missing")
+    for name, body in bodies.items():
         print(f"## {name}\n{body}\n")
     return 0
 

@@ -11,6 +11,10 @@ The model and optimizer are built exactly as ``spectra train`` builds them (same
 parameter groups and recipes); the data are random tokens, since the step's time does not
 depend on them. On CUDA the step runs under bf16 autocast and is synchronised around each
 timed phase.
+
+``--json PATH`` also writes the report the table is printed from (the command's arguments, the
+torch version and thread count, the rows) atomically; ``experiments/study/report.py`` renders
+the tables of docs/results.md from such files.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from spectra_lab.cli import CLIError
 DEFAULT_OPTIMIZERS = ("adamw", "spectra-adamw", "signum", "spectra-signum")
 #: Vocabulary of the random tokens (the embedded corpus's default BPE size).
 VOCAB = 4096
+#: The command's arguments that ``--json`` stores with the rows.
+ARGS = ("preset", "optimizer", "pre_clip", "steps", "warmup", "batch_size", "device", "threads")
 
 
 def base_of(name: str) -> str:
@@ -86,6 +92,8 @@ def time_optimizer(
     label = name + (f" + pre-clip {pre_clip_c:g}" if pre_clip_c is not None else "")
     return {
         "optimizer": label,
+        "name": name,
+        "pre_clip": pre_clip_c,
         "base": base_of(name),
         "total_ms": 1e3 * statistics.median(totals),
         "optimizer_ms": 1e3 * statistics.median(opt_times),
@@ -157,6 +165,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the report here")
+
+
+def header(report: dict[str, Any]) -> str:
+    """The table's first line: preset, size, batch, device, threads and steps of a report."""
+    a = report["args"]
+    return (
+        f"preset {a['preset']} ({report['parameters'] / 1e6:.2f}M parameters), batch "
+        f"{a['batch_size']}, device {a['device']}, {report['threads']} threads, median of "
+        f"{a['steps']} steps"
+    )
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The table of a report (as ``run`` prints it and ``--json`` stores it), and a line naming
+    the optimizers that got no pre-clip row."""
+    text = format_table(report["rows"], header(report))
+    if report["no_pre_clip"]:
+        text += f"no pre-clip row for {', '.join(report['no_pre_clip'])}: they do not pre-clip\n"
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,14 +208,22 @@ def run(args: argparse.Namespace) -> int:
         tuple(args.optimizer), args.preset, args.steps, args.warmup, args.batch_size,
         args.device, args.pre_clip,
     )  # fmt: skip
-    header = (
-        f"preset {args.preset} ({rows[0]['parameters'] / 1e6:.2f}M parameters), batch "
-        f"{args.batch_size}, device {args.device}, {torch.get_num_threads()} threads, median of "
-        f"{args.steps} steps"
-    )
-    print(format_table(rows, header), end="")
-    if args.pre_clip is not None:
-        skipped = [n for n in args.optimizer if not pre_clips(n, args.preset)]
-        if skipped:
-            print(f"no pre-clip row for {', '.join(skipped)}: they do not pre-clip")
+    report = {
+        "command": "spectra bench step",
+        "args": {name: getattr(args, name) for name in ARGS},
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "parameters": rows[0]["parameters"],
+        "rows": rows,
+        "no_pre_clip": (
+            [n for n in args.optimizer if not pre_clips(n, args.preset)]
+            if args.pre_clip is not None
+            else []
+        ),
+    }
+    print(format_report(report), end="")
+    if args.json:
+        from spectra_lab.files import write_json_atomic
+
+        write_json_atomic(args.json, report)
     return 0
