@@ -5,10 +5,11 @@ it runs (fields, optimizer keywords, schedule, model shape, the global batch for
 sizes it names); its model, built on the meta device, has the size of its name; and one file
 per model family (and a few more), shrunk in width and depth, trains two real steps on CPU.
 
-"Enhancing LLM Training via Spectral Clipping" counts parameters with the embeddings: its
-124M (tied), 160M (untied), 780M, 820M and 1.5B are the totals of every parameter, with the
-GPT-2 vocabulary padded to 50,304 (the 160M model has 124M parameters without its untied
-input embedding).
+The sizes of the file names are the names "Enhancing LLM Training via Spectral Clipping"
+gives its models; they are the totals of every parameter, embeddings included, with its
+vocabulary of 50,304 rows: its table of architectures has the 124M (tied) and 160M (untied)
+models differ only in the untied input embedding, and the 160M model has 124M parameters
+without it. The figures of the headers and the docs are checked in test_paper_configs_docs.py.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ adopts for its language-model experiments:
   residual initialisation); RMSNorm gains start at 1.
 
 With ``mup_base_width`` set, the model is in the maximal-update parametrization (μP; Yang et
-al., "Tensor Programs V", 2022) in the form of "Enhancing LLM Training via Spectral
-Clipping"'s 1.5B runs, with width multiplier ``m = d_model / mup_base_width``:
+al., "Tensor Programs V", 2022) in the form of the ``mup_llama`` model of the code released
+with "Enhancing LLM Training via Spectral Clipping", which the 1.5B training scripts linked by
+the paper run (the paper's text says only that its 1.5B model uses μP), with width multiplier
+``m = d_model / mup_base_width``:
 
 * attention logits scaled by ``1/d_head`` instead of ``1/√d_head``;
 * each residual branch multiplied by ``mup_scale_depth / √n_layers``;
@@ -134,13 +136,17 @@ class ModelConfig:
 
 
 # Shapes of the paper's Table "Configuration of the considered model architecture"
-# (appendix), with the sequence lengths of its hyperparameter tables, plus two CPU sizes.
+# (appendix: 124M, 160M, 780M, 820M) with the sequence lengths the paper gives (its
+# hyperparameter tables; 512 for the 124M model of its spectral diagnostics), the 1.5B μP
+# model, and two CPU sizes.
 PRESETS: dict[str, dict[str, Any]] = {
     "124m": dict(d_model=768, n_heads=12, n_layers=12, tie_embeddings=True, seq_len=512),
     "160m": dict(d_model=768, n_heads=12, n_layers=12, tie_embeddings=False, seq_len=512),
     "780m": dict(d_model=1280, n_heads=20, n_layers=32, tie_embeddings=False, seq_len=1024),
     "820m": dict(d_model=2048, n_heads=16, n_layers=12, tie_embeddings=False, seq_len=1024),
-    # The μP runs of the paper's Table "Short training of 1.5B muP models"
+    # The 1.5B μP model of the paper's Table "Short training of 1.5B muP models": the paper's
+    # text gives no shape; this one (and the context of 512) is that of the training scripts
+    # the table links (scripts/1.5b-mup-models of github.com/mlolab/llm-spectral-clipping)
     "1.5b": dict(d_model=1536, n_heads=24, n_layers=48, tie_embeddings=False, seq_len=512),
     # For tests: about 130k parameters besides the embeddings.
     "tiny": dict(d_model=64, n_heads=4, n_layers=2, tie_embeddings=False, seq_len=64),
@@ -161,10 +167,10 @@ def model_config(
     """The :class:`ModelConfig` of a named preset, for a given vocabulary size.
 
     ``seq_len=None`` keeps the preset's own context length. ``vocab_multiple`` rounds the
-    vocabulary up to a multiple (the paper pads GPT-2's 50,257 tokens to 50,304 = 64·786);
-    the extra rows are never targets, so they only cost memory. ``overrides`` replace other
-    :class:`ModelConfig` fields (``d_model``, ``n_layers``, ``n_heads``, the μP fields, ...);
-    a None value keeps the preset's.
+    vocabulary up to a multiple (the paper's vocabulary of 50,304 = 64·786 rows holds GPT-2's
+    50,257 tokens); the extra rows are never targets, so they only cost memory.
+    ``overrides`` replace other :class:`ModelConfig` fields (``d_model``, ``n_layers``,
+    ``n_heads``, the μP fields, ...); a None value keeps the preset's.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; valid presets: {', '.join(PRESETS)}")

@@ -82,9 +82,11 @@ class TrainConfig:
     d_model: int | None = None
     n_layers: int | None = None
     n_heads: int | None = None
-    # "mup": the maximal-update parametrization of the paper's 1.5B runs (model multipliers
-    # and per-layer learning rates; docs/scale.md#mup), relative to a base model of width
-    # mup_base_width
+    # "mup": the maximal-update parametrization (model multipliers and per-layer learning
+    # rates; docs/scale.md#mup), relative to a base model of width mup_base_width, in the
+    # form of the authors' mup_llama model, which the 1.5B training scripts linked by the
+    # paper run. The defaults 256, 10 and 1.4 are those of the authors' code, which those
+    # scripts keep (the paper's text does not give them)
     parametrization: str = "standard"
     mup_base_width: int = 256
     mup_scale_emb: float = 10.0
