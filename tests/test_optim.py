@@ -506,6 +506,7 @@ def test_nonfinite_gradient_is_skipped_when_asked(name):
         ({"pre_clip_c": -2.0}, "-2.0"),
         ({"nonfinite": "ignore"}, "ignore"),
         ({"batch_elements": 0}, "batch_elements"),
+        ({"chunk_elements": -5}, "-5"),
         ({"warmup_steps": 4}, "warmup_steps"),
         ({"bogus_setting": 1}, "bogus_setting"),
     ],
@@ -551,6 +552,45 @@ def test_float16_adam_direction_that_overflows_raises_before_any_parameter_chang
     assert skip.num_skipped_steps == 1
     for a, b in zip(ps, before, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps, **kw: so.AdamW(ps, lr=1e-2, **kw),
+    lambda ps, **kw: so.Signum(ps, lr=1e-2, **kw),
+    lambda ps, **kw: so.Spectra(torch.optim.AdamW(ps, lr=1e-2), **kw),
+])  # fmt: skip
+def test_chunk_elements_gives_the_all_at_once_step(make):
+    g = torch.Generator().manual_seed(3)
+    shapes = [(12, 8), (12, 8), (8, 20), (7,), (16, 16)]
+    X0 = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    G = [[torch.randn(s, generator=g, dtype=torch.float64) for s in shapes] for _ in range(3)]
+    results = []
+    for chunk in (None, 1, 200):
+        ps = [x.clone().requires_grad_() for x in X0]
+        opt = make(ps, clip_c=0.5, chunk_elements=chunk)
+        for grads in G:
+            for p, gr in zip(ps, grads, strict=True):
+                p.grad = gr.clone()
+            opt.step()
+        results.append([p.detach() for p in ps])
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_chunk_elements_stops_before_the_nonfinite_chunk_and_says_so():
+    # float16 Adam whose direction overflows (see above) in the last parameter only: with one
+    # parameter per chunk, the first two move and the third does not.
+    ps = [torch.full((8, 6), 0.5, dtype=torch.float16, requires_grad=True) for _ in range(3)]
+    before = [p.detach().clone() for p in ps]
+    opt = so.AdamW(ps, lr=1e-2, clip_c=1.0, chunk_elements=48)
+    for p in ps[:2]:
+        p.grad = torch.full_like(p, 0.5)
+    ps[2].grad = torch.full_like(ps[2], 1e-4)
+    with pytest.raises(FloatingPointError, match=r"its chunk were not changed \(earlier chunks"):
+        opt.step()
+    assert not torch.equal(ps[0], before[0]) and not torch.equal(ps[1], before[1])
+    assert torch.equal(ps[2], before[2])
 
 
 def test_spectra_step_in_chunks_equals_all_at_once_and_float64_reference():

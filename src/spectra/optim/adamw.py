@@ -55,7 +55,8 @@ class AdamW(SpectraOptimizer):
         **spectra: SPECTRA settings (``clip_c``, ``clip_scale``, ``clip_method``,
             ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``);
             see :mod:`spectra.optim.settings` and ``docs/optimizers.md``.
-        nonfinite, batch_elements, split_work: see :class:`~spectra.optim.base.SpectraOptimizer`.
+        nonfinite, batch_elements, chunk_elements, split_work: see
+            :class:`~spectra.optim.base.SpectraOptimizer`.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class AdamW(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        chunk_elements: int | None = None,
         split_work: bool = True,
         **spectra: Any,
     ) -> None:
@@ -78,6 +80,7 @@ class AdamW(SpectraOptimizer):
             spectra,
             nonfinite=nonfinite,
             batch_elements=batch_elements,
+            chunk_elements=chunk_elements,
             split_work=split_work,
         )
 

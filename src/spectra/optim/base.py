@@ -81,6 +81,13 @@ class SpectraOptimizer(Optimizer):
         batch_elements: at most this many elements (or one matrix, if larger) go through a
             spectral operator at once, bounding the step's transient memory; ``None``
             (default) is 1/32 of all the step's clipped matrices.
+        chunk_elements: run the step over consecutive chunks of parameters of at most this many
+            elements (one parameter, if larger), so that the step's direction buffers hold one
+            chunk instead of every parameter: the transient memory of torch's per-parameter
+            AdamW rather than of its foreach one. ``None`` (default) forms every direction
+            before any weight moves, so that a non-finite direction leaves all weights
+            untouched; with chunks, it stops the step before its own chunk moves, after the
+            earlier chunks were applied.
         split_work: under ``torch.distributed`` with replicated parameters (DDP), divide the
             spectral operators among the ranks: each matrix is clipped by one rank and the
             results are broadcast (:mod:`spectra.optim.distributed`). On by default when a
@@ -97,6 +104,7 @@ class SpectraOptimizer(Optimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        chunk_elements: int | None = None,
         split_work: bool = True,
     ) -> None:
         unknown = set(spectra) - set(SPECTRA_DEFAULTS)
@@ -108,6 +116,7 @@ class SpectraOptimizer(Optimizer):
             **spectra,
             "nonfinite": check_choice("nonfinite", nonfinite, NONFINITE_POLICIES),
             "batch_elements": check_int("batch_elements", batch_elements, low=1, none_ok=True),
+            "chunk_elements": check_int("chunk_elements", chunk_elements, low=1, none_ok=True),
             "split_work": check_choice("split_work", split_work, (True, False)),
         }
         # Hyperparameters are checked before the parameters are looked at.
@@ -172,9 +181,12 @@ class SpectraOptimizer(Optimizer):
             group=group,
         )
         if not stepped:
-            self._nonfinite(
-                "a base direction", "no parameter was changed (the optimizer state was)"
+            moved = (
+                "no parameter was changed"
+                if self.defaults["chunk_elements"] is None
+                else "the parameters of its chunk were not changed (earlier chunks were)"
             )
+            self._nonfinite("a base direction", f"{moved}; the optimizer state was")
         return loss
 
     #: Whether the direction link accepts sparse gradients (the wrapper's base may).
@@ -221,9 +233,9 @@ class SpectraOptimizer(Optimizer):
         return plans
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:
-        """The chain's chunk budget: all at once, so that a non-finite direction is found
-        before any weight moves."""
-        return None
+        """The chain's chunk budget: ``chunk_elements`` (``None``: all at once, so that a
+        non-finite direction is found before any weight moves)."""
+        return self.defaults["chunk_elements"]
 
     def _directions(self, work: Work, idx: list[int], grads: list[Tensor]) -> list[Tensor]:
         """The chain's direction link: ``_direction`` for each group's share of ``idx``."""

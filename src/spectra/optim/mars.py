@@ -47,6 +47,7 @@ class MARS(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        chunk_elements: int | None = None,
         split_work: bool = True,
         **spectra: Any,
     ) -> None:
@@ -66,6 +67,7 @@ class MARS(SpectraOptimizer):
             spectra,
             nonfinite=nonfinite,
             batch_elements=batch_elements,
+            chunk_elements=chunk_elements,
             split_work=split_work,
         )
 

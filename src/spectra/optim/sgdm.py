@@ -27,7 +27,8 @@ class SGDM(SpectraOptimizer):
         params: parameters or param groups.
         lr, momentum, weight_decay: step size, momentum μ ∈ [0, 1), decoupled weight decay λ.
         **spectra: SPECTRA settings; see :class:`~spectra.optim.AdamW`.
-        nonfinite, batch_elements, split_work: see :class:`~spectra.optim.base.SpectraOptimizer`.
+        nonfinite, batch_elements, chunk_elements, split_work: see
+            :class:`~spectra.optim.base.SpectraOptimizer`.
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class SGDM(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        chunk_elements: int | None = None,
         split_work: bool = True,
         **spectra: Any,
     ) -> None:
@@ -49,6 +51,7 @@ class SGDM(SpectraOptimizer):
             spectra,
             nonfinite=nonfinite,
             batch_elements=batch_elements,
+            chunk_elements=chunk_elements,
             split_work=split_work,
         )
 

@@ -53,6 +53,7 @@ class Signum(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        chunk_elements: int | None = None,
         split_work: bool = True,
         **spectra: Any,
     ) -> None:
@@ -68,6 +69,7 @@ class Signum(SpectraOptimizer):
             spectra,
             nonfinite=nonfinite,
             batch_elements=batch_elements,
+            chunk_elements=chunk_elements,
             split_work=split_work,
         )
 

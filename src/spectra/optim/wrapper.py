@@ -47,8 +47,9 @@ class Spectra(SpectraOptimizer):
     Args:
         base_optimizer: a constructed ``torch.optim.Optimizer``; see the module docstring for
             the assumption it must satisfy.
-        nonfinite, batch_elements, split_work: see
-            :class:`~spectra.optim.base.SpectraOptimizer`.
+        nonfinite, batch_elements, chunk_elements, split_work: see
+            :class:`~spectra.optim.base.SpectraOptimizer`; the wrapper always runs in chunks
+            (``chunk_elements=None``: ``max(largest parameter, total / 8)`` elements).
         **spectra: SPECTRA settings (see :mod:`spectra.optim.settings`) used where a group does
             not set its own.
     """
@@ -59,6 +60,7 @@ class Spectra(SpectraOptimizer):
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
+        chunk_elements: int | None = None,
         split_work: bool = True,
         **spectra: Any,
     ) -> None:
@@ -76,6 +78,7 @@ class Spectra(SpectraOptimizer):
             spectra,
             nonfinite=nonfinite,
             batch_elements=batch_elements,
+            chunk_elements=chunk_elements,
             split_work=split_work,
         )
         # The same group dicts and the same list: schedulers and add_param_group see one truth.
@@ -84,7 +87,10 @@ class Spectra(SpectraOptimizer):
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:
         # The base's own step keeps full-size temporaries of whatever it is given (torch's
-        # foreach AdamW: one), so the wrapper hands it an eighth of the parameters at a time.
+        # foreach AdamW: one), so the wrapper hands it an eighth of the parameters at a time,
+        # unless chunk_elements says otherwise.
+        if self.defaults["chunk_elements"] is not None:
+            return self.defaults["chunk_elements"]
         sizes = [p.numel() for p in params]
         return max(max(sizes), -(-sum(sizes) // CHUNKS))
 

@@ -4,7 +4,12 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
 12 layers, d = 768, SwiGLU hidden 2048, untied 50304-token vocabulary):
 
 * ``torch-adamw``: ``torch.optim.AdamW(foreach=True)``, the baseline;
-* ``spectra-adamw``: ``spectra.AdamW(clip_c=10)`` (the native, chunked and batched step);
+* ``torch-adamw-loop``: ``torch.optim.AdamW(foreach=False)``, torch's default on the CPU (one
+  parameter at a time: no parameter-sized transient);
+* ``spectra-adamw``: ``spectra.AdamW(clip_c=10)`` (every direction formed before any weight
+  moves: one parameter-sized transient, like torch's foreach AdamW);
+* ``spectra-adamw-chunked``: the same with ``chunk_elements`` = max(largest parameter,
+  total / 8), the step run an eighth of the parameters at a time;
 * ``spectra-wrap``: ``spectra.Spectra(torch.optim.AdamW(...), clip_c=10)``;
 * ``spectra-noclip`` (only on request): ``spectra.AdamW(clip_c=None)``;
 * ``paper-wrap-bf16``, ``paper-wrap-fp32``: the clone-and-subtract wrapper of the paper's
@@ -22,12 +27,20 @@ costs about what the float32 run does.
 Time: median wall time of ``step()`` over ``--repeats`` steps after ``--warmup`` steps (the
 gradients are fixed random tensors; CUDA is synchronised around each step).
 
-Memory: the peak of a steady-state step (after the state exists). On CUDA it is
-``torch.cuda.max_memory_allocated`` during the step. On CPU it is measured with the PyTorch
-profiler's memory events (``profile_memory=True``): every allocation and free made through
-PyTorch's CPU allocator during the step, summed in time order; the maximum of that running
-sum is the step's transient peak, and the total peak is that plus the bytes alive before the
-step (parameters, gradients and optimizer state). ``tracemalloc`` would not see tensor memory.
+Memory: the peak of a steady-state step (after the state exists), on the path that runs. On
+CUDA it is ``torch.cuda.max_memory_allocated`` during the step. On the CPU each method runs
+again in a fresh Python process (:func:`rss_peak`), with the same threads as the timed run:
+after the warm-up steps (parameters, gradients and state alive) the kernel's high-water mark
+of the resident set is reset (``/proc/self/clear_refs``), one step runs, and the growth of the
+high-water mark (``VmHWM``) over the resident set before the step (``VmRSS``) is the step's
+transient, every thread's temporaries included. The peak is that transient plus the bytes of
+the parameters, gradients and state (their storages, counted exactly: the resident set also
+holds the interpreter and the code pages of whatever libraries a method loaded). The child
+also reports its whole ``ru_maxrss``. It runs with
+``MALLOC_MMAP_THRESHOLD_=131072`` (unless set), so that glibc returns freed blocks of 128 KiB or
+more to the kernel at once and the resident set follows the live tensors of every thread,
+not the free lists of per-thread malloc arenas. Where ``clear_refs`` is not writable (not
+Linux), the whole child's ``ru_maxrss`` stands in for the step's peak, and the report says so.
 """
 
 from __future__ import annotations
@@ -49,13 +62,28 @@ from spectra.validate import check_int
 from spectra_lab.cli import CLIError
 from spectra_lab.files import atomic_write
 
-METHODS = ("torch-adamw", "spectra-adamw", "spectra-wrap", "paper-wrap-bf16", "paper-wrap-fp32")
+METHODS = (
+    "torch-adamw",
+    "torch-adamw-loop",
+    "spectra-adamw",
+    "spectra-adamw-chunked",
+    "spectra-wrap",
+    "paper-wrap-bf16",
+    "paper-wrap-fp32",
+)
 #: Extra method: the native step without the clip, to separate the step's own cost from the
 #: operator's.
 EXTRA_METHODS = ("spectra-noclip",)
+#: ``spectra-adamw-chunked`` runs the step over chunks of ``max(largest, total / CHUNKS)``.
+CHUNKS = 8
 
 
 # --------------------------------------------------------------------------- shapes
+
+
+def square_shapes(count: int, size: int) -> list[tuple[int, ...]]:
+    """``count`` matrices of ``size × size``."""
+    return [(size, size)] * count
 
 
 def llama_shapes(
@@ -137,39 +165,115 @@ def optimizer_tensors(params: list[Tensor], opt: Any) -> list[Tensor]:
     return out
 
 
-def cpu_step_peak_bytes(step: Callable[[], Any]) -> int:
-    """Peak of the running sum of CPU allocator traffic during ``step()`` (profiler events)."""
-    from torch.profiler import ProfilerActivity, profile
+def _status_kib(field: str) -> int:
+    """A ``VmRSS``/``VmHWM``-style field of ``/proc/self/status``, in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"/proc/self/status has no {field}")
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    running = peak = 0
-    for e in events:
-        running += e.nbytes()
-        peak = max(peak, running)
-    return peak
+
+def _reset_peak() -> bool:
+    """Reset the kernel's high-water mark of the resident set; ``False`` where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _memory_child() -> None:
+    """Body of :func:`rss_peak`'s fresh process: reads its spec from stdin, prints JSON."""
+    import resource
+
+    spec = json.loads(sys.stdin.read())
+    torch.set_num_threads(spec["threads"])
+    params, opt = _setup(spec["method"], [tuple(s) for s in spec["shapes"]],
+                         torch.device("cpu"), getattr(torch, spec["dtype"]), spec["clip_c"],
+                         spec["seed"])  # fmt: skip
+    for _ in range(max(1, spec["warmup"])):
+        opt.step()
+    out: dict[str, Any] = {"resident": live_bytes(optimizer_tensors(params, opt))}
+    if _reset_peak():
+        before = _status_kib("VmRSS")
+        opt.step()
+        out.update(source="VmHWM", transient=(_status_kib("VmHWM") - before) << 10,
+                   rss_before=before << 10)  # fmt: skip
+    else:
+        opt.step()
+        out.update(source="ru_maxrss", transient=None, rss_before=None)
+    out["process_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    print(json.dumps(out))
+
+
+def rss_peak(
+    method: str,
+    shapes: list[tuple[int, ...]],
+    *,
+    dtype: torch.dtype,
+    clip_c: float,
+    warmup: int,
+    seed: int = 0,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """The CPU step's memory on the path that runs, in a fresh process (module docstring).
+
+    Returns ``resident_bytes`` (the storages of the parameters, gradients and state, counted
+    exactly), ``transient_bytes`` (the growth of the resident set during the step, every
+    thread included), ``peak_bytes`` (their sum), ``process_peak_bytes`` (the child's whole
+    ``ru_maxrss``) and ``memory_source``. Where the high-water mark cannot be reset (not
+    Linux), the transient is unknown and ``peak_bytes`` is the whole process's ``ru_maxrss``.
+    """
+    import os
+    import subprocess
+
+    spec = {"method": method, "shapes": shapes, "dtype": str(dtype).removeprefix("torch."),
+            "clip_c": clip_c, "warmup": warmup, "seed": seed,
+            "threads": threads or torch.get_num_threads()}  # fmt: skip
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_",
+                                                                  "131072")}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", "from spectra_lab.bench.optim import _memory_child; "
+         "_memory_child()"],
+        input=json.dumps(spec), capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory measurement of {method} failed:\n{proc.stderr[-2000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    transient = r["transient"]
+    return {
+        "resident_bytes": r["resident"],
+        "transient_bytes": transient,
+        "peak_bytes": r["process_peak"] if transient is None else r["resident"] + transient,
+        "process_peak_bytes": r["process_peak"],
+        "memory_source": r["source"],
+    }
 
 
 def step_peak_bytes(step: Callable[[], Any], device: torch.device) -> int:
-    """Transient peak bytes of one ``step()`` above what was allocated before it."""
-    if device.type == "cuda":
-        _sync(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        _sync(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    return cpu_step_peak_bytes(step)
+    """CUDA: peak bytes allocated during one ``step()`` above what was allocated before it."""
+    _sync(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    _sync(device)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) -> Any:
     kw = {"lr": lr, "betas": (0.9, 0.999), "weight_decay": 0.1}
     if method == "torch-adamw":
         return torch.optim.AdamW(params, foreach=True, **kw)
+    if method == "torch-adamw-loop":
+        return torch.optim.AdamW(params, foreach=False, **kw)
     if method == "spectra-adamw":
         return so.AdamW(params, clip_c=clip_c, **kw)
+    if method == "spectra-adamw-chunked":
+        sizes = [p.numel() for p in params]
+        chunk = max(max(sizes), -(-sum(sizes) // CHUNKS))
+        return so.AdamW(params, clip_c=clip_c, chunk_elements=chunk, **kw)
     if method == "spectra-noclip":
         return so.AdamW(params, clip_c=None, **kw)
     if method == "spectra-wrap":
@@ -178,6 +282,25 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
         dtype = torch.bfloat16 if method.endswith("bf16") else torch.float32
         return PaperWrapper(torch.optim.AdamW(params, foreach=True, **kw), clip_c, dtype=dtype)
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS + EXTRA_METHODS}")
+
+
+def _setup(
+    method: str,
+    shapes: list[tuple[int, ...]],
+    device: torch.device,
+    dtype: torch.dtype,
+    clip_c: float,
+    seed: int,
+) -> tuple[list[Tensor], Any]:
+    """Fresh parameters of ``shapes`` with fixed random gradients, and ``method``'s optimizer."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    params = [
+        (0.02 * torch.randn(s, generator=g)).to(device=device, dtype=dtype).requires_grad_()
+        for s in shapes
+    ]
+    for p in params:
+        p.grad = (0.01 * torch.randn(p.shape, generator=g)).to(device=device, dtype=dtype)
+    return params, make_optimizer(method, params, 1e-3, clip_c)
 
 
 def bench_method(
@@ -193,14 +316,7 @@ def bench_method(
     measure_memory: bool = True,
 ) -> dict[str, Any]:
     """Time and memory of ``method``'s optimizer step on fresh parameters of ``shapes``."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    params = [
-        (0.02 * torch.randn(s, generator=g)).to(device=device, dtype=dtype).requires_grad_()
-        for s in shapes
-    ]
-    for p in params:
-        p.grad = (0.01 * torch.randn(p.shape, generator=g)).to(device=device, dtype=dtype)
-    opt = make_optimizer(method, params, 1e-3, clip_c)
+    params, opt = _setup(method, shapes, device, dtype, clip_c, seed)
     for _ in range(warmup):
         opt.step()
     times = []
@@ -211,13 +327,15 @@ def bench_method(
         _sync(device)
         times.append(time.perf_counter() - t0)
     result: dict[str, Any] = {"method": method, "step_s": statistics.median(times)}
-    if measure_memory:
-        resident = live_bytes(optimizer_tensors(params, opt))
+    if measure_memory and device.type == "cuda":
+        resident = torch.cuda.memory_allocated(device)
         transient = step_peak_bytes(opt.step, device)
-        result.update(
-            resident_bytes=resident, transient_bytes=transient, peak_bytes=resident + transient
-        )
+        result.update(resident_bytes=resident, transient_bytes=transient,
+                      peak_bytes=resident + transient, memory_source="cuda allocator")  # fmt: skip
     del opt, params
+    if measure_memory and device.type == "cpu":
+        result.update(rss_peak(method, shapes, dtype=dtype, clip_c=clip_c, warmup=warmup,
+                               seed=seed))  # fmt: skip
     return result
 
 
@@ -270,6 +388,10 @@ def run_benchmark(
         "repeats": repeats,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "memory": "cuda allocator"
+        if device.type == "cuda"
+        else "resident set of a fresh "
+        "process, above its baseline (VmHWM after clear_refs; MALLOC_MMAP_THRESHOLD_=131072)",
         "rows": rows,
     }
 
@@ -281,18 +403,20 @@ def format_table(report: dict[str, Any]) -> str:
         f"device {report['device']}, {report['dtype']}, {report['num_params'] / 1e6:.1f}M "
         f"parameters in {report['num_tensors']} tensors, median of {report['repeats']} steps, "
         f"{report['threads']} threads, torch {report['torch']}",
-        f"{'method':<17}{'step (s)':>10}{'x torch':>9}{'x paper bf16':>14}{'x paper fp32':>14}"
+        f"memory: {report.get('memory', 'not measured')}",
+        f"{'method':<22}{'step (s)':>10}{'x torch':>9}{'x paper bf16':>14}{'x paper fp32':>14}"
         f"{'peak MiB':>10}{'x torch':>9}{'transient MiB':>15}",
     ]
     for r in report["rows"]:
         line = (
-            f"{r['method']:<17}{r['step_s']:>10.3f}{r.get('time_ratio', nan):>9.2f}"
+            f"{r['method']:<22}{r['step_s']:>10.3f}{r.get('time_ratio', nan):>9.2f}"
             f"{r.get('vs_bf16', nan):>14.3f}{r.get('vs_fp32', nan):>14.3f}"
         )
         if "peak_bytes" in r:
+            transient = r["transient_bytes"]
             line += (
                 f"{r['peak_bytes'] / mib:>10.0f}{r.get('peak_ratio', nan):>9.3f}"
-                f"{r['transient_bytes'] / mib:>15.0f}"
+                f"{(nan if transient is None else transient / mib):>15.0f}"
             )
         lines.append(line)
     for note in report.get("notes", []):
@@ -321,6 +445,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=2048, help="SwiGLU hidden size (2048)")
     parser.add_argument("--vocab", type=int, default=50304, help="vocabulary size (50304)")
     parser.add_argument(
+        "--matrices",
+        type=int,
+        nargs=2,
+        metavar=("COUNT", "SIZE"),
+        default=None,
+        help="COUNT square SIZE x SIZE matrices instead of the Llama shapes",
+    )
+    parser.add_argument(
         "--methods",
         nargs="+",
         choices=METHODS + EXTRA_METHODS,
@@ -346,11 +478,16 @@ def run(args: argparse.Namespace) -> int:
         for name in ("layers", "dim", "hidden", "vocab", "repeats"):
             check_int(f"--{name}", getattr(args, name), low=1)
         check_int("--threads", args.threads, low=1, none_ok=True)
+        for name, value in zip(("COUNT", "SIZE"), args.matrices or (), strict=False):
+            check_int(f"--matrices {name}", value, low=1)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
+    if args.matrices:
+        shapes = square_shapes(*args.matrices)
+    else:
+        shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
     methods = tuple(args.methods or METHODS)
     notes = []
     if args.methods is None:
