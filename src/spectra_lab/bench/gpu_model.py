@@ -139,24 +139,25 @@ def step_model(
 
 
 def table(sigmas: tuple[float, ...], efficiency: float, t_launch_us: float) -> str:
+    return format_report(report(sigmas, efficiency, t_launch_us))
+
+
+def format_report(data: dict) -> str:
+    """The Markdown table of a :func:`report` (also of one read back from ``--json``)."""
     lines = [
-        f"H100 SXM model (not measured): efficiency {efficiency:.0%} of peak, "
-        f"{t_launch_us:g} µs per launch",
+        f"H100 SXM model (not measured): efficiency {data['efficiency']:.0%} of peak, "
+        f"{data['launch_us']:g} µs per launch",
         "",
         "| model | σ_max/c | method | GFLOP | launches | ms (math + launch) | ÷ paper bf16 |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
-    for model in MODELS:
-        for s in sigmas:
-            rows = step_model(model, s, efficiency, t_launch_us)
-            ref = rows["paper-bf16"]["ms"]
-            for name, r in rows.items():
-                label = f"{name} (K={r['steps']})" if "steps" in r else name
-                lines.append(
-                    f"| {model} | {s:g} | {label} | {r['gflop']:.0f} | {r['launches']:.0f} "
-                    f"| {r['ms']:.1f} ({r['ms_math']:.1f} + {r['ms_launch']:.1f}) "
-                    f"| {r['ms'] / ref:.2f} |"
-                )
+    for r in data["rows"]:
+        label = f"{r['method']} (K={r['steps']})" if "steps" in r else r["method"]
+        lines.append(
+            f"| {r['model']} | {r['sigma_over_c']:g} | {label} | {r['gflop']:.0f} "
+            f"| {r['launches']:.0f} | {r['ms']:.1f} ({r['ms_math']:.1f} + {r['ms_launch']:.1f}) "
+            f"| {r['vs_paper_bf16']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -166,6 +167,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--efficiency", type=float, default=0.6, help="fraction of peak")
     parser.add_argument("--launch-us", type=float, default=8.0, help="µs per kernel launch")
+    parser.add_argument("--json", default=None, help="also write the modelled rows to this file")
+
+
+def report(sigmas: tuple[float, ...], efficiency: float, t_launch_us: float) -> dict:
+    """The model's assumptions and one row per model, σ_max/c and method (what ``--json``
+    writes; :func:`table` prints the same rows)."""
+    rows = []
+    for model in MODELS:
+        for s in sigmas:
+            modelled = step_model(model, s, efficiency, t_launch_us)
+            ref = modelled["paper-bf16"]["ms"]
+            for name, r in modelled.items():
+                rows.append({"model": model, "sigma_over_c": s, "method": name, **r,
+                             "vs_paper_bf16": r["ms"] / ref})  # fmt: skip
+    return {
+        "what": "H100 SXM flop and launch model of soft clipping (not a measurement)",
+        "peak_tflops": PEAK_TFLOPS,
+        "efficiency": efficiency,
+        "launch_us": t_launch_us,
+        "torch": torch.__version__,
+        "rows": rows,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,4 +203,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     print(table(tuple(args.sigma_over_c), args.efficiency, args.launch_us), end="")
+    if args.json:
+        import json
+
+        from spectra_lab.files import atomic_write
+
+        data = report(tuple(args.sigma_over_c), args.efficiency, args.launch_us)
+        atomic_write(args.json, json.dumps(data, indent=2))
     return 0

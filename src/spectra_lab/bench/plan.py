@@ -61,7 +61,8 @@ from spectra.validate import check_int, check_number
 from spectra_lab.cli import CLIError
 from spectra_lab.train.throughput import GPUS
 
-#: GPT-2's vocabulary through tiktoken (the trainer uses it as it is, unpadded)
+#: GPT-2's vocabulary through tiktoken (rounded up to the config's vocab_multiple, as the
+#: trainer does)
 GPT2_VOCAB = 50257
 BYTES = 4  # float32 weights, gradients and optimizer state
 

@@ -90,8 +90,8 @@ def mup_lr_multipliers(cfg: TrainConfig) -> dict[str, float]:
     The hidden and attention matrices take ``lr / m`` with ``m = d_model / mup_base_width``
     (μP for Adam- and sign-type updates, whose entries do not shrink with width); the
     embedding, the head and the norm gains keep ``lr``. Empty for the standard
-    parametrization and with ``mup_lr_scaling`` off (the Llama runs of "Enhancing LLM
-    Training via Spectral Clipping" kept one lr for every parameter).
+    parametrization and with ``mup_lr_scaling`` off (the authors' ``mup_llama`` model, run by
+    the 1.5B training scripts linked by the paper, keeps one lr for every parameter).
     """
     if cfg.parametrization != "mup" or not cfg.mup_lr_scaling:
         return {}
