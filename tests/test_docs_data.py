@@ -1,0 +1,68 @@
+"""Figures quoted in README.md and docs/ against the stored data they come from.
+
+Each table or number below was typed from a file under ``docs/data/`` or ``results/``, written
+by the command the docs show next to it. These tests recompute what the docs say from that
+file (with the command's own formatter where it has one), so a figure cannot drift from its
+data. The study's page has its own check (``experiments/study/report.py --check``, run by
+``tests/test_study_report.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "data"
+
+
+def text(path: str) -> str:
+    return (ROOT / path).read_text()
+
+
+def data(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def flat(s: str) -> str:
+    """Whitespace collapsed, so that a phrase may wrap across lines of the Markdown."""
+    return re.sub(r"\s+", " ", s)
+
+
+def assert_quoted(phrase: str, *docs: str) -> None:
+    for doc in docs:
+        assert flat(phrase) in flat(text(doc)), f"{doc} does not say {phrase!r}"
+
+
+def span(lo: float, hi: float, fmt: str = ".2f") -> str:
+    return f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+# --------------------------------------------------------------------------- H100 model
+
+
+def test_h100_model_table_is_the_stored_report():
+    from spectra_lab.bench.gpu_model import format_report, report
+
+    stored = data("docs/data/gpu_model_h100.json")
+    for line in format_report(stored).splitlines()[2:]:
+        assert line in text("docs/operators.md")
+    # the model is deterministic: the stored rows are what the code gives today
+    fresh = report((30.0, 300.0), stored["efficiency"], stored["launch_us"])
+    assert format_report(fresh) == format_report(stored)
+
+
+def test_readme_quotes_the_h100_model_default_and_split_route():
+    rows = data("docs/data/gpu_model_h100.json")["rows"]
+
+    def ratios(method: str) -> list[float]:
+        return [r["vs_paper_bf16"] for r in rows if r["method"] == method]
+
+    fp32_780 = [r["vs_paper_bf16"] for r in rows if r["method"] == "polar-fp32"
+                and r["model"] == "780m"]  # fmt: skip
+    assert_quoted(span(min(ratios("polar-bf16x3")), max(ratios("polar-bf16x3"))), "README.md")
+    assert_quoted(span(min(fp32_780), max(fp32_780)), "README.md")
