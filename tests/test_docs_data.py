@@ -14,7 +14,6 @@ import re
 import statistics
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data"
@@ -66,3 +65,36 @@ def test_readme_quotes_the_h100_model_default_and_split_route():
                 and r["model"] == "780m"]  # fmt: skip
     assert_quoted(span(min(ratios("polar-bf16x3")), max(ratios("polar-bf16x3"))), "README.md")
     assert_quoted(span(min(fp32_780), max(fp32_780)), "README.md")
+
+
+# --------------------------------------------------------------------------- main job
+
+
+def main_job() -> dict[str, dict[int, float]]:
+    runs = data("results/main-job/results.json")["runs"]
+    out: dict[str, dict[int, float]] = {}
+    for r in runs:
+        out.setdefault(r["point"]["optimizer"], {})[r["seed"]] = r["val_loss"]
+    return out
+
+
+def test_readme_main_job_table_is_the_main_job_sweep():
+    import math
+
+    runs = main_job()
+    assert sorted(runs) == ["adamw", "spectra-adamw"]
+    readme = text("README.md")
+    for name, vals in runs.items():
+        assert sorted(vals) == [1337, 1338, 1339]
+        seed0 = vals[1337]
+        ms = f"{statistics.fmean(vals.values()):.3f} ± {statistics.stdev(vals.values()):.3f}"
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}` ("))
+        cells = [c.strip().strip("*") for c in row.split("|")[2:-1]]
+        assert cells == [f"{seed0:.4f}", f"{math.exp(seed0):.2f}", ms], row
+    d = [runs["adamw"][s] - runs["spectra-adamw"][s] for s in sorted(runs["adamw"])]
+    mean, sd = statistics.fmean(d), statistics.stdev(d)
+    t = mean / (sd / math.sqrt(len(d)))
+    assert_quoted(f"Δ = AdamW − Spectra-AdamW = {mean:.3f} ± {sd:.3f} (t = {t:.1f}", "README.md")
+    # the quick start's printed line is seed 1337's Spectra-AdamW run
+    s0 = runs["spectra-adamw"][1337]
+    assert_quoted(f"val loss {s0:.4f} | val ppl {math.exp(s0):.2f}", "README.md")

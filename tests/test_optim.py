@@ -663,7 +663,7 @@ def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each()
     torch.set_num_threads(2)
     try:
         with torch.no_grad():
-            batched_apply_(op, mats, max_elements=48 * 32)
+            batched_apply_(op, mats, max_elements=2 * 32 * 64)  # T = 2: a matrix per batch
         assert torch.get_num_threads() == 2  # restored
         for m, e in zip(mats, expected, strict=True):
             torch.testing.assert_close(m, e, rtol=1e-5, atol=1e-5)
@@ -682,6 +682,15 @@ def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each()
         seen.clear()
         batched_apply_(op, mats[:1])
         assert seen == [(threading.get_ident(), 2, True)]
+        # a matrix above max_elements / T runs alone, first, on the caller's thread with its
+        # threads (at most one such matrix in flight); the rest side by side on the workers
+        big = torch.randn(64, 64, generator=g)
+        big_expected = soft_ref(big.double(), 2.0).float()
+        seen.clear()
+        batched_apply_(op, [*mats, big], max_elements=2 * 32 * 64)
+        torch.testing.assert_close(big, big_expected, rtol=1e-5, atol=1e-5)
+        assert seen[0] == (threading.get_ident(), 2, True)
+        assert threading.get_ident() not in {s[0] for s in seen[1:]} and len(seen) == 8
         # under the profiler, and with one thread, everything runs on the caller's thread
         seen.clear()
         with torch.profiler.profile():

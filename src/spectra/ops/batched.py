@@ -43,9 +43,10 @@ def batched_apply_(
     one batch, its stack and ``op``'s own temporaries.
 
     On the CPU with ``T = torch.get_num_threads() > 1``, batches of at most ``max_elements / T``
-    elements (at least one matrix) run side by side on ``T`` Python threads, each with one
-    intra-op thread, so the elements in flight stay within ``max_elements`` unless single
-    matrices are larger than ``max_elements / T`` (then up to ``T`` of them). The exact operators
+    elements run side by side on ``T`` Python threads, each with one intra-op thread, so the
+    elements in flight stay within ``max_elements``. A matrix larger than ``max_elements / T``
+    runs alone, on the calling thread with its intra-op threads, before the others: at most one
+    such matrix and its temporaries are alive at a time, as with one thread. The exact operators
     spend most of their time in LAPACK's symmetric eigensolver, which gains little from
     intra-op threads at these sizes; running batches side by side is what uses the cores
     (docs/operators.md). Each batch is computed on one thread, so results do not depend on the
@@ -69,9 +70,16 @@ def batched_apply_(
         _apply(op, batch, grad)
     if threads < 2 or not on_cpu:
         return
-    batches = _batches(on_cpu, max(1, max_elements // threads))
-    if len(batches) == 1:  # one batch keeps the intra-op threads for its products
-        _apply(op, batches[0], grad)
+    cap = max(1, max_elements // threads)
+    batches = []
+    for batch in _batches(on_cpu, cap):
+        if batch[0].numel() > cap:  # one matrix above the cap: alone, with the intra-op threads
+            _apply(op, batch, grad)
+        else:
+            batches.append(batch)
+    if len(batches) < 2:  # one batch keeps the intra-op threads for its products
+        for batch in batches:
+            _apply(op, batch, grad)
         return
     with single_thread_lapack(on_cpu[0].device):
         with ThreadPoolExecutor(min(threads, len(batches))) as pool:

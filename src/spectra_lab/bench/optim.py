@@ -35,12 +35,13 @@ of the resident set is reset (``/proc/self/clear_refs``), one step runs, and the
 high-water mark (``VmHWM``) over the resident set before the step (``VmRSS``) is the step's
 transient, every thread's temporaries included. The peak is that transient plus the bytes of
 the parameters, gradients and state (their storages, counted exactly: the resident set also
-holds the interpreter and the code pages of whatever libraries a method loaded). The child
-also reports its whole ``ru_maxrss``. It runs with
-``MALLOC_MMAP_THRESHOLD_=131072`` (unless set), so that glibc returns freed blocks of 128 KiB or
-more to the kernel at once and the resident set follows the live tensors of every thread,
-not the free lists of per-thread malloc arenas. Where ``clear_refs`` is not writable (not
-Linux), the whole child's ``ru_maxrss`` stands in for the step's peak, and the report says so.
+holds the interpreter and the code pages of whatever libraries a method loaded; the child's
+whole resident set before the step is reported too). The child's ``ru_maxrss`` is not used:
+on Linux it carries over, through ``fork`` and ``exec``, the resident set of the process that
+started it. The child runs with ``MALLOC_MMAP_THRESHOLD_=131072`` (unless set), so that glibc
+returns freed blocks of 128 KiB or more to the kernel at once and the resident set follows
+the live tensors of every thread, not the free lists of per-thread malloc arenas. Where ``clear_refs`` is not writable (not
+Linux) the CPU step's memory is not measured (``nan`` in the table).
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ METHODS = (
 #: Extra method: the native step without the clip, to separate the step's own cost from the
 #: operator's.
 EXTRA_METHODS = ("spectra-noclip",)
+#: How the peak memory is measured, as the report states it.
+CUDA_MEMORY = "torch.cuda.max_memory_allocated during a step"
+CPU_MEMORY = (
+    "storages of parameters, gradients and state + the step's growth of the resident set in a "
+    "fresh process, all threads (VmHWM after clear_refs, MALLOC_MMAP_THRESHOLD_=131072)"
+)
 #: ``spectra-adamw-chunked`` runs the step over chunks of ``max(largest, total / CHUNKS)``.
 CHUNKS = 8
 
@@ -186,8 +193,6 @@ def _reset_peak() -> bool:
 
 def _memory_child() -> None:
     """Body of :func:`rss_peak`'s fresh process: reads its spec from stdin, prints JSON."""
-    import resource
-
     spec = json.loads(sys.stdin.read())
     torch.set_num_threads(spec["threads"])
     params, opt = _setup(spec["method"], [tuple(s) for s in spec["shapes"]],
@@ -199,12 +204,9 @@ def _memory_child() -> None:
     if _reset_peak():
         before = _status_kib("VmRSS")
         opt.step()
-        out.update(source="VmHWM", transient=(_status_kib("VmHWM") - before) << 10,
-                   rss_before=before << 10)  # fmt: skip
+        out.update(transient=(_status_kib("VmHWM") - before) << 10, rss=before << 10)
     else:
-        opt.step()
-        out.update(source="ru_maxrss", transient=None, rss_before=None)
-    out["process_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+        out.update(transient=None, rss=None)
     print(json.dumps(out))
 
 
@@ -222,9 +224,9 @@ def rss_peak(
 
     Returns ``resident_bytes`` (the storages of the parameters, gradients and state, counted
     exactly), ``transient_bytes`` (the growth of the resident set during the step, every
-    thread included), ``peak_bytes`` (their sum), ``process_peak_bytes`` (the child's whole
-    ``ru_maxrss``) and ``memory_source``. Where the high-water mark cannot be reset (not
-    Linux), the transient is unknown and ``peak_bytes`` is the whole process's ``ru_maxrss``.
+    thread included), ``peak_bytes`` (their sum) and ``process_rss_bytes`` (the child's whole
+    resident set before the step). Where the kernel's high-water mark cannot be reset (no
+    Linux ``/proc/self/clear_refs``) the last three are ``None``.
     """
     import os
     import subprocess
@@ -246,9 +248,8 @@ def rss_peak(
     return {
         "resident_bytes": r["resident"],
         "transient_bytes": transient,
-        "peak_bytes": r["process_peak"] if transient is None else r["resident"] + transient,
-        "process_peak_bytes": r["process_peak"],
-        "memory_source": r["source"],
+        "peak_bytes": None if transient is None else r["resident"] + transient,
+        "process_rss_bytes": r["rss"],
     }
 
 
@@ -331,7 +332,7 @@ def bench_method(
         resident = torch.cuda.memory_allocated(device)
         transient = step_peak_bytes(opt.step, device)
         result.update(resident_bytes=resident, transient_bytes=transient,
-                      peak_bytes=resident + transient, memory_source="cuda allocator")  # fmt: skip
+                      peak_bytes=resident + transient)  # fmt: skip
     del opt, params
     if measure_memory and device.type == "cpu":
         result.update(rss_peak(method, shapes, dtype=dtype, clip_c=clip_c, warmup=warmup,
@@ -373,7 +374,7 @@ def run_benchmark(
     for r in rows:
         if base is not None:
             r["time_ratio"] = r["step_s"] / base["step_s"]
-            if measure_memory:
+            if measure_memory and r["peak_bytes"] and base["peak_bytes"]:
                 r["peak_ratio"] = r["peak_bytes"] / base["peak_bytes"]
         for paper in ("paper-wrap-bf16", "paper-wrap-fp32"):
             if paper in by_name:
@@ -388,10 +389,7 @@ def run_benchmark(
         "repeats": repeats,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "memory": "cuda allocator"
-        if device.type == "cuda"
-        else "resident set of a fresh "
-        "process, above its baseline (VmHWM after clear_refs; MALLOC_MMAP_THRESHOLD_=131072)",
+        "memory": CUDA_MEMORY if device.type == "cuda" else CPU_MEMORY,
         "rows": rows,
     }
 
@@ -413,9 +411,9 @@ def format_table(report: dict[str, Any]) -> str:
             f"{r.get('vs_bf16', nan):>14.3f}{r.get('vs_fp32', nan):>14.3f}"
         )
         if "peak_bytes" in r:
-            transient = r["transient_bytes"]
+            peak, transient = r["peak_bytes"], r["transient_bytes"]
             line += (
-                f"{r['peak_bytes'] / mib:>10.0f}{r.get('peak_ratio', nan):>9.3f}"
+                f"{(nan if peak is None else peak / mib):>10.0f}{r.get('peak_ratio', nan):>9.3f}"
                 f"{(nan if transient is None else transient / mib):>15.0f}"
             )
         lines.append(line)
