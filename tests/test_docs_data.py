@@ -14,7 +14,6 @@ import re
 import statistics
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data"
 

@@ -40,8 +40,8 @@ whole resident set before the step is reported too). The child's ``ru_maxrss`` i
 on Linux it carries over, through ``fork`` and ``exec``, the resident set of the process that
 started it. The child runs with ``MALLOC_MMAP_THRESHOLD_=131072`` (unless set), so that glibc
 returns freed blocks of 128 KiB or more to the kernel at once and the resident set follows
-the live tensors of every thread, not the free lists of per-thread malloc arenas. Where ``clear_refs`` is not writable (not
-Linux) the CPU step's memory is not measured (``nan`` in the table).
+the live tensors of every thread, not the free lists of per-thread malloc arenas. Where
+``clear_refs`` is not writable (not Linux) the CPU step's memory is not measured (``nan``).
 """
 
 from __future__ import annotations
