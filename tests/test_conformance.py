@@ -39,9 +39,7 @@ class Entry:
         return self.name
 
 
-WRAPPER_KEYS = {
-    *so.SPECTRA_DEFAULTS, "nonfinite", "batch_elements", "chunk_elements", "split_work"
-}
+WRAPPER_KEYS = {*so.SPECTRA_DEFAULTS, "nonfinite", "batch_elements", "chunk_elements", "split_work"}
 
 
 def wrap(cls, **base_kw):
