@@ -97,3 +97,20 @@ def test_readme_main_job_table_is_the_main_job_sweep():
     # the quick start's printed line is seed 1337's Spectra-AdamW run
     s0 = runs["spectra-adamw"][1337]
     assert_quoted(f"val loss {s0:.4f} | val ppl {math.exp(s0):.2f}", "README.md")
+
+
+# --------------------------------------------------------------------------- DDP split
+
+
+def test_distributed_tables_are_the_stored_bench_dist_run():
+    stored = data("docs/data/bench_dist_cpu.json")
+    doc = text("docs/distributed.md")
+    for r in stored["timing"]:
+        row = f"| {r['procs']} | {r['threads']} | {r['unsplit']:.3f} | {r['split']:.3f} | "
+        assert row in doc, row
+        assert f"{r['ratio']:.2f}" in doc.split(row, 1)[1].splitlines()[0]
+    mib = 1 << 20
+    for v in stored["volume"]:
+        cells = [v["ddp_allreduce"], v["ddp_split"], v["fsdp2_own"], v["fsdp2_spectral"]]
+        row = f"| {v['preset']} | {v['n']} | " + " | ".join(f"{c / mib:.0f} MiB" for c in cells)
+        assert row in doc, row
