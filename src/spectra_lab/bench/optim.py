@@ -395,30 +395,34 @@ def run_benchmark(
 
 
 def format_table(report: dict[str, Any]) -> str:
-    mib = 1 << 20
-    nan = float("nan")
+    """The report as a heading line and a Markdown table (what the docs quote)."""
+
+    def num(x: float | None, fmt: str, scale: float = 1.0) -> str:
+        return "–" if x is None else f"{x / scale:{fmt}}"
+
     lines = [
         f"device {report['device']}, {report['dtype']}, {report['num_params'] / 1e6:.1f}M "
         f"parameters in {report['num_tensors']} tensors, median of {report['repeats']} steps, "
         f"{report['threads']} threads, torch {report['torch']}",
         f"memory: {report.get('memory', 'not measured')}",
-        f"{'method':<22}{'step (s)':>10}{'x torch':>9}{'x paper bf16':>14}{'x paper fp32':>14}"
-        f"{'peak MiB':>10}{'x torch':>9}{'transient MiB':>15}",
+        "",
+        "| method | step (s) | × torch | × paper bf16 | × paper fp32 | peak MiB | × torch "
+        "| transient MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["rows"]:
-        line = (
-            f"{r['method']:<22}{r['step_s']:>10.3f}{r.get('time_ratio', nan):>9.2f}"
-            f"{r.get('vs_bf16', nan):>14.3f}{r.get('vs_fp32', nan):>14.3f}"
-        )
-        if "peak_bytes" in r:
-            peak, transient = r["peak_bytes"], r["transient_bytes"]
-            line += (
-                f"{(nan if peak is None else peak / mib):>10.0f}{r.get('peak_ratio', nan):>9.3f}"
-                f"{(nan if transient is None else transient / mib):>15.0f}"
-            )
-        lines.append(line)
-    for note in report.get("notes", []):
-        lines.append(note)
+        cells = [
+            f"`{r['method']}`",
+            num(r["step_s"], ".3f"),
+            num(r.get("time_ratio"), ".2f"),
+            num(r.get("vs_bf16"), ".3f"),
+            num(r.get("vs_fp32"), ".3f"),
+            num(r.get("peak_bytes"), ".0f", 1 << 20),
+            num(r.get("peak_ratio"), ".3f"),
+            num(r.get("transient_bytes"), ".0f", 1 << 20),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += report.get("notes", [])
     return "\n".join(lines)
 
 
