@@ -213,3 +213,88 @@ def test_readme_operator_table_is_the_stored_bench_ops_runs():
     misses = [c for c in ops_cells("recorded", method=("paper_bf16",)) if c["rel_err"] > 1e-2]
     assert_quoted(f"misses the 1e-2 accuracy bar on {len(misses)} of the 36 recorded cells",
                   "README.md")  # fmt: skip
+
+
+def test_diagnostics_noise_and_norms_quoted_from_the_stored_runs():
+    noise = data("results/diagnostics/noise/noise.json")
+    recs = [r for x in noise["layers"].values() for r in x["records"]]
+
+    def summary(key, steps):
+        return [r["summary"][key] for r in recs if r["step"] in steps]
+
+    def pct(vals):
+        return f"{100 * min(vals):.0f}–{max(vals):.0%}"
+
+    early, late = (1, 8), (75, 148)
+    frac = "fraction_noise_top_above_signal"
+    ratio = "noise_top_over_signal_median"
+    assert_quoted(f"σ₁(N) > ‖G‖₂ in {pct(summary(frac, early))} of the samples at steps 1 and 8 "
+                  f"(median ratio {span(*minmax(summary(ratio, early)))})",
+                  "docs/diagnostics.md")  # fmt: skip
+    late_ratio = span(*minmax(summary(ratio, late)))
+    assert_quoted(f"{pct(summary(frac, late))} at steps 75 and 148 (median ratio {late_ratio})",
+                  "docs/diagnostics.md")  # fmt: skip
+    assert_quoted(f"in {pct(summary(frac, late))} of samples from mid-training on", "README.md")
+    every = early + late
+    spec_late = span(*minmax(summary("spectral_median", late)), ".3f")
+    assert_quoted(f"has median {span(*minmax(summary('spectral_median', every)))} over the "
+                  f"{len(recs)} layer-steps, and {spec_late}", "docs/diagnostics.md")  # fmt: skip
+    assert_quoted(f"has median {span(*minmax(summary('chordal_median', every)))}",
+                  "docs/diagnostics.md")  # fmt: skip
+    chance = [x["chordal_chance"] for x in noise["layers"].values()]
+    assert_quoted(f"= {span(*minmax(chance), '.3f')} here", "docs/diagnostics.md")
+
+    adamw, spectra = data("results/diagnostics/norms/norms.json")["runs"]
+    linf = (adamw["sum_weight_linf"][-1], spectra["sum_weight_linf"][-1])
+    fro = (adamw["sum_weight_fro"][-1], spectra["sum_weight_fro"][-1])
+    doc = text("docs/diagnostics.md")
+    assert f"| AdamW | {linf[0]:.3f} | {fro[0]:.1f} |" in doc
+    rel = [f"{linf[1] / linf[0] - 1:+.0%}", f"{fro[1] / fro[0] - 1:+.1%}"]
+    rel = [r.replace("-", "−") for r in rel]
+    assert f"| Spectra-AdamW | {linf[1]:.3f} ({rel[0]}) | {fro[1]:.1f} ({rel[1]}) |" in doc
+    assert_quoted(f"ends {1 - linf[1] / linf[0]:.0%} lower with SPECTRA (the Frobenius sum "
+                  f"{1 - fro[1] / fro[0]:.1%})", "README.md")  # fmt: skip
+    gap = {s: a - b for s, a, b in zip(adamw["steps"], adamw["sum_weight_linf"],
+                                       spectra["sum_weight_linf"], strict=True)}  # fmt: skip
+    assert_quoted(f"the gap reaches {gap[131]:.2f} by step 130 and {gap[adamw['steps'][-1]]:.2f} "
+                  "at the end", "docs/diagnostics.md")  # fmt: skip
+    drift = max(abs(b / a - 1) for a, b in zip(adamw["sum_weight_fro"], spectra["sum_weight_fro"],
+                                               strict=True))  # fmt: skip
+    assert drift < 0.02  # "within 2% of each other all along"
+
+
+def minmax(vals):
+    return min(vals), max(vals)
+
+
+def test_monitor_overhead_table_is_the_stored_train_csv():
+    import csv
+
+    def rows(name):
+        with open(ROOT / f"results/diagnostics/{name}/train.csv") as f:
+            return [{k: float(v or 0) for k, v in r.items()} for r in csv.DictReader(f)]
+
+    def monitored(name):
+        return [r["t_monitor"] for r in rows(name) if r["t_monitor"] > 0.01]
+
+    def plain_steps(name):
+        return [r["t_step"] for r in rows(name) if r["t_monitor"] <= 0.01]
+
+    def per_step(name):
+        rs = rows(name)
+        total = sum(r["t_monitor"] for r in rs)
+        steps = sum(r["t_step"] for r in rs)
+        return (f"{total:.1f} s", f"{len(rs)} steps", f"{steps:.1f} s",
+                f"{1e3 * total / len(rs):.1f} ms ({total / steps:.2%})")  # fmt: skip
+
+    doc = flat(text("docs/diagnostics.md"))
+    med = {n: statistics.median(monitored(n)) for n in ("adamw", "spectra-adamw")}
+    assert f"Spectra-AdamW: {med['spectra-adamw']:.3f} s) | {med['adamw']:.3f} s |" in doc
+    plain = [statistics.median(plain_steps(n)) for n in ("adamw", "spectra-adamw")]
+    assert f"| {plain[0]:.3f} s / {plain[1]:.3f} s |" in doc
+    counter = [r["t_monitor"] for r in rows("adamw") if r["t_monitor"] <= 0.01]
+    assert f"median of the AdamW run) | {1e6 * statistics.median(counter):.0f} µs |" in doc
+    total, _, _, cost = per_step("noise")
+    assert f"(noise run: {total} over 150 steps) | {cost} |" in doc
+    total, _, steps, cost = per_step("adamw")
+    assert f"(AdamW run: {total} of {steps}) | {cost} |" in doc
