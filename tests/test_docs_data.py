@@ -298,3 +298,22 @@ def test_monitor_overhead_table_is_the_stored_train_csv():
     assert f"(noise run: {total} over 150 steps) | {cost} |" in doc
     total, _, steps, cost = per_step("adamw")
     assert f"(AdamW run: {total} of {steps}) | {cost} |" in doc
+
+
+def test_readme_reproducibility_figures_are_the_stored_repeats():
+    runs = main_job()
+    repro = {n: data(f"results/main-job/repro/{n}/summary.json")["val_loss"]
+             for n in ("adamw", "adamw-generic", "spectra-adamw-generic")}  # fmt: skip
+    diag_adamw = data("results/diagnostics/adamw/summary.json")["val_loss"]
+    assert repro["adamw"] == diag_adamw == runs["adamw"][1337]  # bit-reproducible
+    assert data("results/diagnostics/spectra-adamw/summary.json")["val_loss"] == runs[
+        "spectra-adamw"][1337]  # fmt: skip
+    assert_quoted(f"ends at {runs['adamw'][1337]:.8f} in the sweep", "README.md")
+    assert_quoted(f"Spectra-AdamW at {runs['spectra-adamw'][1337]:.8f} in each", "README.md")
+    d_adamw = repro["adamw-generic"] - runs["adamw"][1337]
+    d_spectra = repro["spectra-adamw-generic"] - runs["spectra-adamw"][1337]
+    shift = f"{d_adamw:+.4f}".replace("-", "−")
+    assert_quoted(f"AdamW ends at {repro['adamw-generic']:.4f} ({shift})", "README.md")
+    assert_quoted(f"Spectra-AdamW at {repro['spectra-adamw-generic']:.5f} ({d_spectra:+.5f})",
+                  "README.md")  # fmt: skip
+    assert abs(d_spectra) < abs(d_adamw) / 100
