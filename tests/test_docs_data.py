@@ -317,3 +317,28 @@ def test_readme_reproducibility_figures_are_the_stored_repeats():
     assert_quoted(f"Spectra-AdamW at {repro['spectra-adamw-generic']:.5f} ({d_spectra:+.5f})",
                   "README.md")  # fmt: skip
     assert abs(d_spectra) < abs(d_adamw) / 100
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def test_synthetic_figures_are_the_stored_seed_0_run():
+    fw = data("results/synth/fw_summary.json")
+    worst = max(r["residual_final"] for r in fw["runs"] if r["mode"] == "full")
+    assert worst <= 5e-6
+    assert_quoted("reaches F* to ≤ 5e-6 inside the spectral ball", "README.md")
+    doc = text("docs/synthetic.md")
+    for o in fw["optimum"]:
+        value = (
+            f"{o['value']:.4f}" if o["value"] > 1e-3 else f"{o['value']:.1e}".replace("e-0", "e-")
+        )
+        row = (f"| {o['radius']:<3g} | {o['b']:<3g} | {value} | {o['spectral_norm']:.3f} | "
+               f"{o['frobenius_norm']:.{3 if o['frobenius_norm'] < 10 else 2}f} |")  # fmt: skip
+        assert row in doc, row
+    spikes = {c["method"]: c for c in data("results/synth/spikes_summary.json")["chosen"]
+              if c["scale"] == 1000.0}  # fmt: skip
+    assert f"{spikes['sgd_spectral_clip']['best_final_loss']:.0e}".replace("e-0", "e-") == "4e-3"
+    assert_quoted("clipping with fixed c = 15 converges (loss 4e-3)", "README.md")
+    for m in ("sgd", "sgd_global_clip"):
+        assert round(spikes[m]["best_final_loss"], 2) in (0.66, 0.67)
+    assert_quoted("(loss ≈ 0.66)", "README.md")
