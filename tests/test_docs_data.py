@@ -342,3 +342,31 @@ def test_synthetic_figures_are_the_stored_seed_0_run():
     for m in ("sgd", "sgd_global_clip"):
         assert round(spikes[m]["best_final_loss"], 2) in (0.66, 0.67)
     assert_quoted("(loss ≈ 0.66)", "README.md")
+
+
+# --------------------------------------------------------------------------- downstream
+
+
+def test_evaluation_table_is_the_stored_scores_of_the_main_job():
+    import csv
+
+    scores: dict[tuple[str, str], dict[int, float]] = {}
+    for f in sorted((ROOT / "results/main-job/downstream").glob("*.csv")):
+        opt, seed = f.stem.split(",")
+        with open(f) as fh:
+            for r in csv.DictReader(fh):
+                key = (opt.removeprefix("optimizer="), r["metric"])
+                scores.setdefault(key, {})[int(seed.removeprefix("seed="))] = float(r["value"])
+    doc = text("docs/evaluation.md")
+    for metric, fmt in (("acc", ".4f"), ("perplexity", ".0f")):
+        cells = []
+        for opt in ("adamw", "spectra-adamw"):
+            cells.append(f"{scores[(opt, metric)][1337]:{fmt}}")
+        for opt in ("adamw", "spectra-adamw"):
+            vals = list(scores[(opt, metric)].values())
+            assert len(vals) == 3
+            cells.append(f"{statistics.fmean(vals):{fmt}} ± {statistics.stdev(vals):{fmt}}")
+        row = next(line for line in doc.splitlines()
+                   if line.startswith(f"| shakespeare_lambada | {metric} |"))  # fmt: skip
+        got = [re.sub(r" \(\d+/\d+\)", "", c.strip()) for c in row.split("|")[4:-1]]
+        assert got == cells, (row, cells)
