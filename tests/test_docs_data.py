@@ -370,3 +370,26 @@ def test_evaluation_table_is_the_stored_scores_of_the_main_job():
                    if line.startswith(f"| shakespeare_lambada | {metric} |"))  # fmt: skip
         got = [re.sub(r" \(\d+/\d+\)", "", c.strip()) for c in row.split("|")[4:-1]]
         assert got == cells, (row, cells)
+
+
+# --------------------------------------------------------------------------- step timings
+
+
+def test_main_job_step_tables_and_ratios_are_the_stored_bench_step_runs():
+    from spectra_lab.bench.step import format_report
+
+    doc = text("docs/operators.md")
+    for threads in ("2threads", "1thread"):
+        report = data(f"docs/data/bench_step_main_job_{threads}.json")
+        assert format_report(report).rstrip() in doc
+    extra = []
+    for threads in ("2threads", "1thread"):
+        rows = {r["name"]: r for r in data(f"docs/data/bench_step_main_job_{threads}.json")["rows"]}
+        a, s = rows["adamw"], rows["spectra-adamw"]
+        d = s["optimizer_ms"] - a["optimizer_ms"]
+        extra.append((d, (a["total_ms"] + d) / a["total_ms"], s["total_ms"] / a["total_ms"]))
+    (d2, r2, t2), (d1, r1, t1) = extra
+    assert_quoted(f"The clip adds {d2:.0f} ms to the optimizer step with two threads and "
+                  f"{d1:.0f} ms with one. Added to AdamW's training step, that is **{r2:.2f}×** "
+                  f"and **{r1:.2f}×** its time (the totals give {t2:.2f}× and {t1:.2f}×",
+                  "docs/operators.md")  # fmt: skip
