@@ -764,3 +764,22 @@ def test_clip_ns_settings_reach_the_paper_operator():
                        ({"post": "hard_clip", "clip_ns_steps": 3}, "clip_ns_steps")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             so.AdamW([torch.nn.Parameter(X0.clone())], **bad)
+
+
+def test_chunked_step_batches_with_the_whole_steps_budget(monkeypatch):
+    # A chunk's own 1/32 would fall below one matrix and serialise the clip's batches.
+    from spectra.optim import chain
+
+    seen = []
+    real = chain.batched_apply_
+
+    def spy(op, mats, *, max_elements=None):
+        seen.append(max_elements)
+        return real(op, mats, max_elements=max_elements)
+
+    monkeypatch.setattr(chain, "batched_apply_", spy)
+    ps = [torch.randn(32, 32, requires_grad=True) for _ in range(8)]
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    so.AdamW(ps, lr=1e-3, clip_c=1.0, chunk_elements=2 * 32 * 32).step()
+    assert seen == [-(-8 * 32 * 32 // 32)] * 4  # four chunks, the budget of all eight matrices

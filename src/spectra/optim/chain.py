@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops import batched_apply_, hard_clip, orthogonalize, soft_clip
+from spectra.ops.batched import BATCH_FRACTION
 from spectra.optim.distributed import all_agree_finite, apply_replicated, apply_sharded
 
 if TYPE_CHECKING:
@@ -258,7 +259,8 @@ def spectra_step(
         chunk_elements: run the chain over consecutive chunks of at most this many elements
             (one parameter, if larger), bounding the direction buffers; ``None``: all at once.
         batch_elements: cap of one spectral-operator batch (see
-            :func:`spectra.ops.batched_apply_`).
+            :func:`spectra.ops.batched_apply_`); ``None``: 1/``BATCH_FRACTION`` of the step's
+            matrices that a spectral link sees, whole-step even when the chain runs in chunks.
         group: a process group whose ranks all hold these (replicated) parameters, as under
             DDP: each spectral operator runs on one rank and its result is broadcast
             (:mod:`spectra.optim.distributed`). Shards of ``DTensor`` parameters (``plans``'
@@ -279,6 +281,12 @@ def spectra_step(
     sizes = [
         (p if pl.shard is None else pl.shard).numel() for p, pl in zip(params, plans, strict=True)
     ]
+    if batch_elements is None and chunk_elements is not None:
+        # The batches' budget is the whole step's, not a chunk's: a chunk's own 1/32 would be
+        # below one matrix and serialise the clip's batches.
+        spectral = [pl.shape is not None and (pl.pre or pl.post) is not None for pl in plans]
+        seen = sum(n for n, s in zip(sizes, spectral, strict=True) if s)
+        batch_elements = max(1, -(-seen // BATCH_FRACTION))
     for idx in chunks(sizes, chunk_elements):
         ps, pls = [params[i] for i in idx], [plans[i] for i in idx]
         updates = direction(idx, pre_clip([grads[i] for i in idx], pls, batch_elements, group))
