@@ -393,3 +393,68 @@ def test_main_job_step_tables_and_ratios_are_the_stored_bench_step_runs():
                   f"{d1:.0f} ms with one. Added to AdamW's training step, that is **{r2:.2f}×** "
                   f"and **{r1:.2f}×** its time (the totals give {t2:.2f}× and {t1:.2f}×",
                   "docs/operators.md")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- optimizer step
+
+
+def test_optimizer_step_tables_are_the_stored_bench_optim_runs():
+    from spectra_lab.bench.optim import format_table
+
+    files = {
+        "bench_optim_cpu_2threads": ("README.md", "docs/optimizers.md", "docs/operators.md"),
+        "bench_optim_memory_cpu_2threads": ("docs/optimizers.md",),
+        "bench_optim_memory_cpu_1thread": ("docs/optimizers.md",),
+    }
+    for name, docs in files.items():
+        table = "\n".join(format_table(data(f"docs/data/{name}.json")).splitlines()[3:])
+        for doc in docs:
+            assert table in text(doc), (name, doc)
+
+
+def test_memory_claims_hold_on_the_stored_runs():
+    def rows(name):
+        return {r["method"]: r for r in data(f"docs/data/{name}.json")["rows"]}
+
+    big, mem = rows("bench_optim_cpu_2threads"), rows("bench_optim_memory_cpu_2threads")
+
+    def ratio(r, m, base):
+        return r[m]["peak_bytes"] / r[base]["peak_bytes"]
+
+    # the targets the docs state: within 1.10x of torch's AdamW on the path that runs
+    assert ratio(mem, "spectra-adamw", "torch-adamw") <= 1.10
+    assert ratio(big, "spectra-adamw", "torch-adamw") <= 1.10
+    assert ratio(mem, "spectra-adamw-chunked", "torch-adamw-loop") <= 1.10
+    for doc in ("README.md", "docs/optimizers.md"):
+        assert_quoted(f"{ratio(big, 'spectra-adamw', 'torch-adamw'):.3f}× torch's foreach AdamW",
+                      doc)  # fmt: skip
+    assert_quoted(f"brings it to {ratio(mem, 'spectra-adamw-chunked', 'torch-adamw-loop'):.3f}×",
+                  "README.md")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def test_readme_study_table_is_the_stored_seeds_sweep():
+    seeds = data("results/study/seeds/results.json")
+    tuned = {}
+    for sweep in ("lr-adam", "lr-sign"):
+        for b in data(f"results/study/{sweep}/results.json")["best"]:
+            tuned[b["point"]["optimizer"]] = b["lr"]
+    base = {"adamw": "AdamW", "signum": "Signum", "ademamix": "AdEMAMix"}
+    names = {**base, "mars": "MARS", "soap": "SOAP", "dmuon": "D-Muon",
+             **{f"spectra-{k}": f"Spectra-{v}" for k, v in base.items()}}  # fmt: skip
+    cells = [c.strip().strip("*") for line in text("README.md").splitlines()
+             if line.startswith("| ") and "± " in line for c in line.split("|")]  # fmt: skip
+    by_seed: dict[str, dict[int, float]] = {}
+    for r in seeds["runs"]:
+        by_seed.setdefault(r["point"]["optimizer"], {})[r["seed"]] = r["val_loss"]
+    for opt, label in names.items():
+        vals = list(by_seed[opt].values())
+        lr = f"{tuned[opt]:.0e}".replace("e-0", "e-")
+        ms = f"{statistics.fmean(vals):.3f} ± {statistics.stdev(vals):.3f}"
+        i = cells.index(label)
+        assert cells[i + 1 : i + 3] == [lr, ms], (label, cells[i : i + 3], lr, ms)
+    mean = {k: statistics.fmean(v.values()) for k, v in by_seed.items()}
+    gaps = [mean[b] - mean[f"spectra-{b}"] for b in base]
+    assert_quoted(f"by {min(gaps):.2f}–{max(gaps):.2f} nats", "README.md")
