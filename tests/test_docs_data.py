@@ -467,3 +467,22 @@ def test_readme_study_table_is_the_stored_seeds_sweep():
     mean = {k: statistics.fmean(v.values()) for k, v in by_seed.items()}
     gaps = [mean[b] - mean[f"spectra-{b}"] for b in base]
     assert_quoted(f"by {min(gaps):.2f}–{max(gaps):.2f} nats", "README.md")
+
+
+def test_synthetic_test_loss_by_seed_is_the_stored_runs():
+    doc = text("docs/synthetic.md")
+    for seed in range(5):
+        path = (
+            "results/synth/fw_summary.json"
+            if seed == 0
+            else f"results/synth/seed-{seed}/fw_summary.json"
+        )
+        full = {(r["radius"], r["b"]): r["final_test_loss"]
+                for r in data(path)["runs"] if r["mode"] == "full"}  # fmt: skip
+
+        def fmt(x):
+            return f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+        cells = [" / ".join(fmt(full[(d2, b)]) for b in (0.0, 0.1, 1.0)) for d2 in (1.0, 5.0, 0.2)]
+        row = f"  | {seed} | " + " | ".join(cells) + " |"
+        assert row in doc, row
