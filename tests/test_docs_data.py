@@ -486,3 +486,19 @@ def test_synthetic_test_loss_by_seed_is_the_stored_runs():
         cells = [" / ".join(fmt(full[(d2, b)]) for b in (0.0, 0.1, 1.0)) for d2 in (1.0, 5.0, 0.2)]
         row = f"  | {seed} | " + " | ".join(cells) + " |"
         assert row in doc, row
+
+
+def test_matmul_rates_quoted_from_the_stored_runs():
+    names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
+             "bench_ssc_vs_orth_cpu")  # fmt: skip
+    rates = [data(f"docs/data/{n}.json")["matmul_gflops"] for n in names]
+    fp32 = [r["fp32"] for r in rates]
+    native = [r["bf16"] for r in rates if r["bf16"] < 10]  # torch's own bf16 product
+    emulated = [r["bf16"] for r in rates if r["bf16"] >= 10]  # the float32 emulation
+    emulated_fp32 = [r["fp32"] for r in rates if r["bf16"] >= 10]
+    assert round(max(native)) == 1
+    assert_quoted(f"about 1 GFLOP/s against {min(fp32):.0f}–{max(fp32):.0f} GFLOP/s",
+                  "docs/operators.md")  # fmt: skip
+    assert_quoted(f"({min(emulated):.0f}–{max(emulated):.0f} against "
+                  f"{min(emulated_fp32):.0f}–{max(emulated_fp32):.0f} GFLOP/s measured",
+                  "docs/operators.md")  # fmt: skip
