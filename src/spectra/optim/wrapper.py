@@ -35,6 +35,11 @@ from spectra.validate import check_real_params
 CHUNKS = 8
 
 
+def eighth_chunks(sizes: list[int]) -> int:
+    """``max(largest, ⌈total / CHUNKS⌉)``: a chunk budget of about an eighth of ``sizes``."""
+    return max(max(sizes), -(-sum(sizes) // CHUNKS))
+
+
 class Spectra(SpectraOptimizer):
     r"""Wrap ``base_optimizer`` so each step is ``X ← (1−λη)X − αη·H_{c_k}(U)``.
 
@@ -91,8 +96,7 @@ class Spectra(SpectraOptimizer):
         # unless chunk_elements says otherwise.
         if self.defaults["chunk_elements"] is not None:
             return self.defaults["chunk_elements"]
-        sizes = [p.numel() for p in params]
-        return max(max(sizes), -(-sum(sizes) // CHUNKS))
+        return eighth_chunks([p.numel() for p in params])
 
     def _directions(self, work: Work, idx: list[int], grads: list[Tensor]) -> list[Tensor]:
         """``base.step()`` on zeroed stand-ins for the weights ``idx``: each becomes ``−η·U``.

@@ -59,6 +59,7 @@ from torch import Tensor
 
 import spectra.optim as so
 from spectra.ops import soft_clip_paper
+from spectra.optim.wrapper import eighth_chunks
 from spectra.validate import check_int
 from spectra_lab.cli import CLIError
 from spectra_lab.files import atomic_write
@@ -81,8 +82,6 @@ CPU_MEMORY = (
     "storages of parameters, gradients and state + the step's growth of the resident set in a "
     "fresh process, all threads (VmHWM after clear_refs, MALLOC_MMAP_THRESHOLD_=131072)"
 )
-#: ``spectra-adamw-chunked`` runs the step over chunks of ``max(largest, total / CHUNKS)``.
-CHUNKS = 8
 
 
 # --------------------------------------------------------------------------- shapes
@@ -272,8 +271,7 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
     if method == "spectra-adamw":
         return so.AdamW(params, clip_c=clip_c, **kw)
     if method == "spectra-adamw-chunked":
-        sizes = [p.numel() for p in params]
-        chunk = max(max(sizes), -(-sum(sizes) // CHUNKS))
+        chunk = eighth_chunks([p.numel() for p in params])  # the wrapper's chunks
         return so.AdamW(params, clip_c=clip_c, chunk_elements=chunk, **kw)
     if method == "spectra-noclip":
         return so.AdamW(params, clip_c=None, **kw)
