@@ -223,7 +223,7 @@ def test_benchmark_command_writes_json(tmp_path, capsys):
     import json
 
     from spectra_lab.bench import optim as bench
-    from spectra_lab.cli import CLIError
+    from spectra_lab.errors import CLIError
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

@@ -466,7 +466,7 @@ def test_loss_plot_is_drawn_once_at_the_end(train_dataset, tmp_path, monkeypatch
 
 
 def test_user_errors_of_every_layer_share_one_leaf_base():
-    from spectra_lab.cli import CLIError
+    from spectra_lab.errors import CLIError
     from spectra_lab.data import DataError
     from spectra_lab.errors import UserError
 

@@ -29,10 +29,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class CLIError(UserError):
-    """A bad command-line argument, reported as one line without a traceback."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit code 2
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -8,3 +8,7 @@ instead of a traceback. This module imports nothing, so every layer can use it.
 
 class UserError(Exception):
     """A problem the user can fix, reported in one line."""
+
+
+class CLIError(UserError):
+    """A bad command-line argument, reported as one line without a traceback."""

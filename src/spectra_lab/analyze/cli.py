@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.files import write_json_atomic
 from spectra_lab.train.cli import add_config_arguments, config_from_args
 from spectra_lab.train.config import TrainConfig, load_saved_config

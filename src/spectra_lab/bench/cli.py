@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     module = getattr(args, "bench_module", None)
     if module is None:
-        from spectra_lab.cli import CLIError
+        from spectra_lab.errors import CLIError
 
         raise CLIError(f"choose a benchmark: {', '.join(BENCHMARKS)}")
     return int(importlib.import_module(module).run(args) or 0)

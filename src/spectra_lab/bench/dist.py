@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spectra.validate import check_int
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 
 DEFAULT_PROCS = (1, 2, 4)
 

@@ -193,7 +193,7 @@ def report(sigmas: tuple[float, ...], efficiency: float, t_launch_us: float) -> 
 
 def run(args: argparse.Namespace) -> int:
     from spectra.validate import check_number
-    from spectra_lab.cli import CLIError
+    from spectra_lab.errors import CLIError
 
     try:
         for s in args.sigma_over_c:

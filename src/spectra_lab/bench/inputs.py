@@ -154,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spectra_lab.cli import CLIError
+    from spectra_lab.errors import CLIError
 
     try:
         check_int("--steps", args.steps, low=1)

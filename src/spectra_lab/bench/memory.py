@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from spectra_lab.bench.step import build
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 
 DEFAULT_OPTIMIZERS = (
     "adamw", "spectra-adamw", "ademamix", "spectra-ademamix", "signum", "spectra-signum",

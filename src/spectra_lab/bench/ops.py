@@ -538,7 +538,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spectra_lab.cli import CLIError
+    from spectra_lab.errors import CLIError
 
     try:
         check_int("--repeats", args.repeats, low=1)

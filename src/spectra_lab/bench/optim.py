@@ -61,7 +61,7 @@ import spectra.optim as so
 from spectra.ops import soft_clip_paper
 from spectra.optim.wrapper import eighth_chunks
 from spectra.validate import check_int
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
 
 METHODS = (

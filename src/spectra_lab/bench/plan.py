@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from spectra.validate import check_int, check_number
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.train.throughput import GPUS
 
 #: GPT-2's vocabulary through tiktoken (rounded up to the config's vocab_multiple, as the

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from spectra.validate import check_int, check_number
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 
 DEFAULT_OPTIMIZERS = ("adamw", "spectra-adamw", "signum", "spectra-signum")
 #: Vocabulary of the random tokens (the embedded corpus's default BPE size).

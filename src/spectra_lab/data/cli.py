@@ -6,7 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.data.format import read_meta
 from spectra_lab.data.hub import HUB_DATASETS
 from spectra_lab.data.paths import default_dataset_dir

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
 
 # The paper's downstream evaluation, 5-shot.

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from spectra.validate import check_int
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.files import write_json_atomic
 from spectra_lab.train.cli import add_config_arguments, config_from_args
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from spectra.validate import check_int
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.sweep.grid import Run, SweepError, check_unchanged, read_grid, status
 from spectra_lab.sweep.report import write_report
 

@@ -127,7 +127,7 @@ def run_spikes(args: argparse.Namespace) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spectra_lab.cli import CLIError
+    from spectra_lab.errors import CLIError
 
     try:
         check_int("--iters", args.iters, low=1, none_ok=True)

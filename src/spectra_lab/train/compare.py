@@ -11,7 +11,7 @@ import math
 import statistics
 from pathlib import Path
 
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
 from spectra_lab.train.metrics import read_jsonl
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from spectra.validate import check_int, check_number
-from spectra_lab.cli import CLIError
+from spectra_lab.errors import CLIError
 from spectra_lab.train.checkpoint import load_checkpoint, load_model_weights, resolve_checkpoint
 
 
