@@ -19,8 +19,8 @@ import torch
 from spectra_lab.analyze.recorders import NOISE_SEED_OFFSET, record_steps
 from spectra_lab.analyze.subspace import noise_signal_distances, subspace_distances
 from spectra_lab.cli import main
-from spectra_lab.train.checkpoint import load_checkpoint
-from spectra_lab.train.metrics import read_jsonl
+from spectra_lab.runs.checkpoint import read_checkpoint
+from spectra_lab.runs.records import read_jsonl
 from spectra_lab.train.trainer import train
 from test_train import write_dataset
 
@@ -268,7 +268,7 @@ def test_analyze_norms_sums_the_weight_norms_of_runs(train_dataset, tmp_path, ca
     assert (tmp_path / "norms" / "norms.png").read_bytes()[:8] == PNG
     for run, entry in zip(runs, data["runs"], strict=True):
         assert entry["label"] == run.name and entry["steps"] == [1, 3, 5]
-        state = load_checkpoint(run / "ckpt" / "step_0000005.pt")["model"]
+        state = read_checkpoint(run / "ckpt" / "step_0000005.pt")["model"]
         matrices = [t.double() for t in state.values() if t.dim() >= 2]
         # the sums over every weight matrix of the final weights, in float64
         linf = sum(t.abs().max().item() for t in matrices)

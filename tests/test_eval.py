@@ -22,7 +22,7 @@ from spectra_lab.data.tokenizers import ByteTokenizer
 from spectra_lab.eval.adapter import SpectraLM
 from spectra_lab.eval.tasks import build_offline_task, build_passages
 from spectra_lab.model import Llama, model_config
-from spectra_lab.train.checkpoint import checkpoint_path, save_checkpoint
+from spectra_lab.runs.checkpoint import checkpoint_path, write_checkpoint
 
 SEQ_LEN = 16
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,\n!?"  # 32 characters, one token each
@@ -201,7 +201,7 @@ def run_dir(tmp_path_factory) -> Path:
         "step": 1,
     }
     run = root / "run"
-    save_checkpoint(checkpoint_path(run, 1), state)
+    write_checkpoint(checkpoint_path(run, 1), state)
     return run
 
 

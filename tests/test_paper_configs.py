@@ -2,8 +2,8 @@
 
 Every file loads through the real loader and passes every check ``spectra train`` makes before
 it runs (fields, optimizer keywords, schedule, model shape, the global batch for the world
-sizes it names); its model, built on the meta device, has the size of its name; and one file
-per model family (and a few more), shrunk in width and depth, trains two real steps on CPU.
+sizes it names); its model, built on the meta device, has the size of its name; and every
+file, shrunk by ``--shrink`` to the tiny CPU model, trains two real steps.
 
 The sizes of the file names are the names "Enhancing LLM Training via Spectral Clipping"
 gives its models; they are the totals of every parameter, embeddings included, with its
@@ -24,9 +24,16 @@ import pytest
 import torch
 
 from spectra_lab.model import Llama
-from spectra_lab.train.config import ConfigError, TrainConfig, build_config, read_config_file
+from spectra_lab.train.config import (
+    ConfigError,
+    TrainConfig,
+    build_config,
+    read_config_file,
+    shrink,
+)
 from spectra_lab.train.optimizers import build_optimizer, check_optimizer
-from spectra_lab.train.trainer import build_lr_lambda, model_config_of, train
+from spectra_lab.train.schedule import build_lr_lambda
+from spectra_lab.train.trainer import model_config_of, train
 from test_train import write_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -110,50 +117,30 @@ def test_config_validates_and_its_model_has_the_size_of_its_name(path: Path):
 #: one file per model family, then the optimizers and options the first five leave out
 #: (clipping of every group, pre-clipping, the paper's operator, post-orthogonalization, μP and
 #: the spectral monitor are all among them)
-SHRUNK = (
-    "124m-cos-adamw-diagnostics",
-    "160m-wsd-spectra-ademamix",
-    "780m-wsd-spectra-signum",
-    "820m-wsd-spectra-mars",
-    "1.5b-mup-wsd-spectra-ademamix",
-    "124m-wsd-spectra-signum-smallbatch-preclip",
-    "160m-cos-adamw-post-orth",
-    "160m-wsd-spectra-adamw-ns15-fp32",
-    "160m-wsd-spectra-signum-slimpajama-b8-preclip-cos",
-    "780m-wsd-dmuon",
-    "820m-wsd-soap",
-    "1.5b-mup-wsd-mars",
-)
-
-
-@pytest.mark.parametrize("stem", SHRUNK)
-def test_shrunk_copy_trains_two_steps_on_cpu(stem: str, tmp_path_factory, tmp_path):
-    cfg = load(CONFIGS / f"{stem}.yaml")
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_every_config_shrinks_to_a_cpu_run_that_trains(path: Path, tmp_path_factory, tmp_path):
+    """``--shrink``: the file's optimizer, settings and schedules on the tiny CPU model."""
+    values = read_config_file(path)
+    cfg = load(path)
     corpus = tmp_path_factory.getbasetemp() / "paper-corpus"
     if not (corpus / "meta.json").is_file():
         write_dataset(corpus)
-    small = dataclasses.replace(
-        cfg,
-        dataset=str(corpus),
-        out_dir=str(tmp_path / "run"),
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        mup_base_width=16,
-        seq_len=16,
-        batch_size=2,
-        global_batch_size=4,
-        steps=2,
-        warmup_steps=1,
-        eval_interval=2,
-        eval_batches=2,
-        eval_batch_size=2,
-        checkpoint_interval=0,
-        monitor_every=min(cfg.monitor_every, 1),
-        device="cpu",
-        autocast="none",
-        progress=False,
-        plot=False,
+    shrunk = build_config((str(path), values), ("--shrink", shrink(values)))
+    assert shrunk.out_dir == f"{cfg.out_dir}-shrunk"
+    assert (shrunk.preset, shrunk.device, shrunk.global_batch_size) == ("tiny", "cpu", None)
+    kept = ("optimizer", "lr", "schedule", "clip_c", "clip_schedule", "pre_clip_c", "seed")
+    assert all(getattr(shrunk, k) == getattr(cfg, k) for k in kept)
+    assert shrunk.parametrization == cfg.parametrization
+    for key, value in shrunk.optimizer_kwargs.items():
+        if not key.endswith("_warmup"):
+            assert value == cfg.optimizer_kwargs[key]
+        else:
+            assert value <= shrunk.steps
+    # two of its steps, on the test corpus instead of Shakespeare
+    test_layer = {"dataset": str(corpus), "out_dir": str(tmp_path / "run"), "steps": 2}
+    test_layer.update(eval_interval=2, eval_batches=1, progress=False, plot=False)
+    small = build_config(
+        (str(path), values), ("--shrink", shrink(values)), ("the test", test_layer)
     )
     result = train(small)
     assert result.step == 2

@@ -21,7 +21,8 @@ import torch
 import yaml
 
 from spectra_lab.cli import main
-from spectra_lab.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from spectra_lab.runs.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
+from spectra_lab.runs.records import read_jsonl
 from spectra_lab.train.config import (
     ConfigError,
     TrainConfig,
@@ -29,7 +30,6 @@ from spectra_lab.train.config import (
     parse_set,
     read_config_file,
 )
-from spectra_lab.train.metrics import read_jsonl
 from spectra_lab.train.optimizers import (
     OPTIMIZERS,
     build_optimizer,
@@ -37,7 +37,8 @@ from spectra_lab.train.optimizers import (
     param_groups,
     spectral_groups,
 )
-from spectra_lab.train.trainer import build_lr_lambda, train
+from spectra_lab.train.schedule import build_lr_lambda
+from spectra_lab.train.trainer import train
 
 VOCAB = 64
 
@@ -138,7 +139,7 @@ def test_cli_short_run_loss_falls_and_writes_metrics(train_dataset, tmp_path, ca
     # The reported validation loss equals an independent recomputation from the checkpoint.
     summary = json.loads((out / "summary.json").read_text())
     from spectra_lab.data import TokenDataset, iter_eval_batches
-    from spectra_lab.train.sample import load_model
+    from spectra_lab.runs.model import load_model
 
     model, _ = load_model(out)
     val = TokenDataset(train_dataset / "val.bin", 32)
@@ -167,7 +168,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_pat
     assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [5, 10]
     # Resume through the CLI: the saved config.yaml is the base, flags apply on top.
     assert main(["train", "--out", cfg.out_dir, "--resume"]) == 0
-    from spectra_lab.train.sample import load_model
+    from spectra_lab.runs.model import load_model
 
     resumed_model, _ = load_model(cfg.out_dir)
     resumed_val = json.loads((Path(cfg.out_dir) / "summary.json").read_text())["val_loss"]
@@ -185,8 +186,8 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_pat
     ):
         torch.testing.assert_close(q, p, rtol=0, atol=1e-6, msg=name)
     # Optimizer state survived the round trip too: identical Adam moments at the end.
-    sa = load_checkpoint(tmp_path / "full" / "ckpt" / "step_0000020.pt")["optimizer"]["state"]
-    sb = load_checkpoint(Path(cfg.out_dir) / "ckpt" / "step_0000020.pt")["optimizer"]["state"]
+    sa = read_checkpoint(tmp_path / "full" / "ckpt" / "step_0000020.pt")["optimizer"]["state"]
+    sb = read_checkpoint(Path(cfg.out_dir) / "ckpt" / "step_0000020.pt")["optimizer"]["state"]
     for i in sa:
         torch.testing.assert_close(sb[i]["exp_avg_sq"], sa[i]["exp_avg_sq"], rtol=0, atol=1e-9)
 
@@ -206,7 +207,7 @@ def test_resume_with_more_steps_follows_the_extended_schedule(train_dataset, tmp
     want = [cfg.lr * extended(k) for k in range(10, 20)]
     assert [r["lr"] for r in rows[10:]] == pytest.approx(want, rel=1e-12)
     # The scheduler's checkpointed state is its step alone; the schedule is the config's.
-    ckpt = load_checkpoint(tmp_path / "run" / "ckpt" / "step_0000020.pt")
+    ckpt = read_checkpoint(tmp_path / "run" / "ckpt" / "step_0000020.pt")
     assert ckpt["lr_scheduler"] == {"step": 20}
 
 
@@ -220,7 +221,7 @@ def test_truncated_or_corrupt_checkpoint_is_reported(train_dataset, tmp_path, ca
 
     ckpt.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated"):
-        load_checkpoint(ckpt)
+        read_checkpoint(ckpt)
     code = main(["train", "--out", cfg.out_dir, "--resume", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2
@@ -230,7 +231,7 @@ def test_truncated_or_corrupt_checkpoint_is_reported(train_dataset, tmp_path, ca
     corrupt[100] ^= 0xFF
     ckpt.write_bytes(bytes(corrupt))
     with pytest.raises(CheckpointError, match="checksum"):
-        load_checkpoint(ckpt)
+        read_checkpoint(ckpt)
 
 
 def test_sample_cli_generates_from_run_dir(train_dataset, tmp_path, capsys, char_tokenizer):
@@ -466,9 +467,8 @@ def test_loss_plot_is_drawn_once_at_the_end(train_dataset, tmp_path, monkeypatch
 
 
 def test_user_errors_of_every_layer_share_one_leaf_base():
-    from spectra_lab.errors import CLIError
     from spectra_lab.data import DataError
-    from spectra_lab.errors import UserError
+    from spectra_lab.errors import CLIError, UserError
 
     for error in (CLIError, DataError, ConfigError, CheckpointError):
         assert issubclass(error, UserError)
@@ -516,7 +516,7 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(
     w1 = torch.load(tmp_path / "rank1.pt")
     for name in w0:
         torch.testing.assert_close(w1[name], w0[name], rtol=0, atol=0, msg=name)
-    assert load_checkpoint(out / "ckpt" / "step_0000004.pt")["world_size"] == 2
+    assert read_checkpoint(out / "ckpt" / "step_0000004.pt")["world_size"] == 2
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[0]["tokens"] == 2 * 2 * 8 * 32  # ranks x accumulation x batch x seq_len

@@ -22,15 +22,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spectra_lab.cli import main
-from spectra_lab.train.checkpoint import (
+from spectra_lab.runs.checkpoint import (
     TRAINER_FILE,
     CheckpointError,
     list_checkpoints,
-    load_checkpoint,
+    read_checkpoint,
 )
+from spectra_lab.runs.model import load_model
+from spectra_lab.runs.records import read_jsonl
 from spectra_lab.train.config import ConfigError
-from spectra_lab.train.metrics import read_jsonl
-from spectra_lab.train.sample import load_model
 from spectra_lab.train.trainer import train
 from test_train import small_config, write_dataset
 
@@ -111,7 +111,7 @@ def test_fsdp2_two_processes_match_one_process_with_the_global_batch(train_datas
         assert {".metadata", "__0_0.distcp", "__1_0.distcp", TRAINER_FILE} <= {
             p.name for p in ckpt.iterdir()
         }
-        state = load_checkpoint(ckpt)
+        state = read_checkpoint(ckpt)
         assert state["world_size"] == 2 and state["sharded"] == ["model", "optimizer"]
         assert "model" not in state and state["config"]["parallel"] == "fsdp2"
         rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
@@ -159,7 +159,7 @@ def test_fsdp2_killed_save_leaves_the_last_good_checkpoint(
     train_dataset, tmp_path, monkeypatch, capsys, char_tokenizer
 ):
     # One process: FSDP2 over a process group of one, the same checkpoint code.
-    import spectra_lab.train.checkpoint as checkpoint
+    import spectra_lab.runs.checkpoint as checkpoint
 
     cfg = small_config(train_dataset, tmp_path / "run", steps=9, checkpoint_interval=3,
                        eval_interval=9, optimizer="spectra-adamw", parallel="fsdp2")  # fmt: skip

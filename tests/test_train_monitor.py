@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from spectra_lab.cli import main
-from spectra_lab.train.checkpoint import load_checkpoint
+from spectra_lab.runs.checkpoint import read_checkpoint
+from spectra_lab.runs.records import read_jsonl
 from spectra_lab.train.config import ConfigError
-from spectra_lab.train.metrics import read_jsonl
 from spectra_lab.train.optimizers import group_of
 from spectra_lab.train.trainer import train
 from test_train import small_config, write_dataset
@@ -57,7 +57,7 @@ def test_monitor_records_its_steps_without_changing_the_run(train_dataset, tmp_p
     assert 0 < mon[-1][wq + "step_norm_over_bound"] <= 1 + 1e-6  # a clipped group
     assert wq + "clip_c" in mon[-1] and "spectral/tok_embeddings.weight/clip_c" not in mon[-1]
     # the last record's weight norms are the final weights' (float64, from the checkpoint)
-    state = load_checkpoint(tmp_path / "mon" / "ckpt" / "step_0000010.pt")["model"]
+    state = read_checkpoint(tmp_path / "mon" / "ckpt" / "step_0000010.pt")["model"]
     fro = sum(torch.linalg.vector_norm(state[n].double()).item() for n in matrices)
     linf = sum(state[n].double().abs().max().item() for n in matrices)
     assert mon[-1]["spectral/sum_weight_fro"] == pytest.approx(fro, rel=1e-12)

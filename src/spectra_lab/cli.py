@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
+from typing import Any
 
 from spectra_lab.errors import UserError
 
@@ -18,8 +21,8 @@ from spectra_lab.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("spectra_lab.train.cli", "train a Llama-style model (the main job)"),
     "prepare-data": ("spectra_lab.data.cli", "download/tokenize a corpus into .bin shards"),
-    "sample": ("spectra_lab.train.sample", "generate text from a checkpoint"),
-    "compare": ("spectra_lab.train.compare", "plot the validation curves of several runs"),
+    "sample": ("spectra_lab.runs.sample", "generate text from a checkpoint"),
+    "compare": ("spectra_lab.runs.compare", "plot the validation curves of several runs"),
     "eval": ("spectra_lab.eval.cli", "downstream scores of a run through lm-eval"),
     "synth": ("spectra_lab.synth.cli", "the paper's synthetic experiments"),
     "sweep": ("spectra_lab.sweep.cli", "a grid of training runs x seeds, resumable, with a report"),
@@ -29,7 +32,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: a negative number, also with an exponent (argparse's own pattern has none)
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Negative numbers in every notation are values, not flags: ``--lr -1e-3``.
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
     def error(self, message: str) -> None:  # one line, exit code 2
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -58,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except UserError as exc:  # bad arguments, config, data or checkpoint: one line
-        print(f"spectra {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 speaks for all
+            print(f"spectra {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"spectra {args.command}: interrupted", file=sys.stderr)
         return 130

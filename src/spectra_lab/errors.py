@@ -9,6 +9,9 @@ instead of a traceback. This module imports nothing, so every layer can use it.
 class UserError(Exception):
     """A problem the user can fix, reported in one line."""
 
+    #: the ``spectra`` command's exit status for it
+    exit_code: int = 2
+
 
 class CLIError(UserError):
     """A bad command-line argument, reported as one line without a traceback."""

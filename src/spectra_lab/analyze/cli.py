@@ -233,7 +233,7 @@ def print_noise(data: dict[str, Any]) -> None:
 
 def load_norms(run: Path, label: str | None) -> dict[str, Any]:
     """The run's ``spectral/sum_weight_linf`` and ``sum_weight_fro`` against step."""
-    from spectra_lab.train.metrics import read_jsonl
+    from spectra_lab.runs.records import read_jsonl
 
     if not (run / "metrics.jsonl").is_file() or not (run / "config.yaml").is_file():
         raise CLIError(f"{run}: not a run directory (no metrics.jsonl or config.yaml)")

@@ -104,7 +104,8 @@ def plan(cfg: Any, world_size: int = 1, gpu: str = "h100", mfu: float = 0.4) -> 
     from spectra_lab.bench.memory import formula
     from spectra_lab.model import Llama, flops_per_token
     from spectra_lab.train.optimizers import build_optimizer
-    from spectra_lab.train.trainer import build_lr_lambda, model_config_of
+    from spectra_lab.train.schedule import build_lr_lambda
+    from spectra_lab.train.trainer import model_config_of
 
     model_cfg = model_config_of(cfg, vocab_of(cfg))
     with torch.device("meta"):

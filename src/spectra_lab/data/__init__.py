@@ -9,7 +9,7 @@ from spectra_lab.data.errors import DataError
 from spectra_lab.data.format import read_meta
 from spectra_lab.data.loader import BatchSampler, TokenDataset, iter_eval_batches
 from spectra_lab.data.paths import default_cache_dir, default_dataset_dir
-from spectra_lab.data.prepare import DATASETS, prepare
+from spectra_lab.data.prepare import DATASETS, prepare, training_dataset
 from spectra_lab.data.tokenizers import TOKENIZERS, get_tokenizer, load_tokenizer
 
 __all__ = [
@@ -25,4 +25,5 @@ __all__ = [
     "load_tokenizer",
     "prepare",
     "read_meta",
+    "training_dataset",
 ]

@@ -6,12 +6,12 @@ import argparse
 import re
 from pathlib import Path
 
-from spectra_lab.errors import CLIError
 from spectra_lab.data.format import read_meta
 from spectra_lab.data.hub import HUB_DATASETS
 from spectra_lab.data.paths import default_dataset_dir
 from spectra_lab.data.prepare import DATASETS, prepare
 from spectra_lab.data.tokenizers import TOKENIZERS
+from spectra_lab.errors import CLIError
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,9 @@ def prepare_documents(
         corpus_texts = [t for s, t in head if s == "train"]
         labeled = itertools.chain(head, labeled)
         (out_dir / BPE_FILE).unlink(missing_ok=True)  # always trained afresh
+    if progress and tokenizer == "bpe":
+        print(f"prepare-data: training the bpe tokenizer on {len(corpus_texts)} documents",
+              file=sys.stderr, flush=True)  # fmt: skip
     tok = get_tokenizer(tokenizer, corpus_texts, vocab_size, cache_dir=out_dir)
     meta = {
         "name": name,

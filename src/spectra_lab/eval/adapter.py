@@ -80,7 +80,7 @@ class SpectraLM(TemplateLM):
         if model is None:
             if ckpt is None:
                 raise ValueError("model_args needs ckpt=RUN_DIR (a run directory or checkpoint)")
-            from spectra_lab.train.sample import load_model
+            from spectra_lab.runs.model import load_model
 
             model, state = load_model(ckpt, device=str(self._device))
             self.dataset_dir = self.dataset_dir or Path(state["dataset_dir"])

@@ -21,6 +21,7 @@ from typing import Any
 
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
+from spectra_lab.runs.scores import EVAL_DIR, SCORE_FIELDS, SCORES_CSV
 
 # The paper's downstream evaluation, 5-shot.
 PAPER_TASKS = (
@@ -28,11 +29,8 @@ PAPER_TASKS = (
     "lambada_openai", "sciq", "mmlu",
 )  # fmt: skip
 OFFLINE_TASK = "shakespeare_lambada"  # spectra_lab.eval.tasks.OFFLINE_TASK, without importing it
-EVAL_DIR = "eval"
 RESULTS_FILE = "results.json"
-SCORES_CSV = "scores.csv"
 SCORES_MD = "scores.md"
-SCORE_FIELDS = ("task", "metric", "filter", "n_shot", "value", "stderr")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,12 +188,3 @@ def write_results(out_dir: Path, results: dict[str, Any]) -> None:
     atomic_write(out_dir / RESULTS_FILE, text + "\n")
     atomic_write(out_dir / SCORES_CSV, scores_csv(rows))
     atomic_write(out_dir / SCORES_MD, scores_markdown(rows))
-
-
-def read_scores(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of ``RUN_DIR/eval/scores.csv`` (values as floats)."""
-    path = Path(run_dir) / EVAL_DIR / SCORES_CSV
-    if not path.is_file():
-        raise CLIError(f"{run_dir}: no downstream scores ({path}); run `spectra eval {run_dir}`")
-    with open(path, newline="", encoding="utf-8") as f:
-        return [{**r, "value": float(r["value"])} for r in csv.DictReader(f)]

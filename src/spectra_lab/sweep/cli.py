@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import multiprocessing as mp
 import os
 import shutil
@@ -42,13 +43,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plot", action="store_true", help="no curves.png")
 
 
-def _train_one(cfg_dict: dict[str, Any], threads: int | None) -> tuple[str, str | None]:
-    """Worker: train one run (resuming where it can); ``(out_dir, error or None)``."""
+class Labelled(io.TextIOBase):
+    """A text stream that starts every line it passes on with ``label`` (a worker's run name),
+    so that the lines of runs trained side by side can be told apart."""
+
+    def __init__(self, stream: Any, label: str) -> None:
+        self.stream, self.label, self.partial = stream, label, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.partial = (self.partial + text).split("\n")
+        for line in lines:
+            self.stream.write(f"{self.label}{line}\n")
+        self.stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self.partial:
+            self.stream.write(f"{self.label}{self.partial}")
+            self.partial = ""
+        self.stream.flush()
+
+
+def _train_one(cfg_dict: dict[str, Any], threads: int | None, name: str) -> tuple[str, str | None]:
+    """Worker: train one run (resuming where it can); ``(out_dir, error or None)``. Its
+    output lines start with ``[name]``."""
     import torch
 
     from spectra_lab.train.config import TrainConfig
     from spectra_lab.train.trainer import train
 
+    sys.stdout = Labelled(sys.__stdout__, f"[{name}] ")
+    sys.stderr = Labelled(sys.__stderr__, f"[{name}] ")
     if threads is not None:
         torch.set_num_threads(threads)
     cfg = TrainConfig(**cfg_dict)
@@ -83,7 +108,7 @@ def run_sweep(
         os.environ.setdefault("OMP_NUM_THREADS", env_threads)
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
-        pending = {pool.submit(_train_one, _prepared(r), threads) for r in todo}
+        pending = {pool.submit(_train_one, _prepared(r), threads, r.name) for r in todo}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from spectra_lab.errors import UserError
-from spectra_lab.train.checkpoint import latest_checkpoint
+from spectra_lab.runs.checkpoint import latest_checkpoint
 from spectra_lab.train.config import (
     ConfigError,
     TrainConfig,

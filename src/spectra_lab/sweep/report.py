@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from spectra_lab.files import atomic_path, atomic_write
+from spectra_lab.runs.records import read_jsonl
 from spectra_lab.sweep.grid import Run, label, status, summary
-from spectra_lab.train.metrics import read_jsonl
 
 
 def final_val_loss(run: Run) -> float | None:

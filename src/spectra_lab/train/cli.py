@@ -2,10 +2,11 @@
 
 Configuration layers, later ones winning: the defaults of ``TrainConfig`` (or, with
 ``--resume``, the run directory's saved ``config.yaml``), then ``--config FILE``, then
-``--set key=value`` items, then the direct flags (``--steps``, ``--out``, ...). Values
-from the command line are strings, read as YAML scalars and typed by the config loader,
-so that a bad value is reported with the field's name. The optimizer and the schedule
-check their own settings when ``train`` starts, before anything runs.
+``--shrink`` (a quick CPU version of it: ``config.SHRINK``), then ``--set key=value`` items,
+then the direct flags (``--steps``, ``--out``, ...). Values from the command line are
+strings, read as YAML scalars and typed by the config loader, so that a bad value is
+reported with the field's name. The optimizer and the schedule check their own settings when
+``train`` starts, before anything runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from spectra_lab.train.config import (
     load_saved_config,
     parse_set,
     read_config_file,
+    shrink,
 )
 
 # flag -> config field
@@ -83,6 +85,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         shown = f" (default {default})" if default not in (None, []) else ""
         parser.add_argument(flag, dest=f"field_{name}", metavar=CHOICES.get(name, name.upper()),
                             help=f"config field {name}{shown}")  # fmt: skip
+    parser.add_argument(
+        "--shrink",
+        action="store_true",
+        help="try the config on a CPU: tiny model, Shakespeare, 40 steps, into OUT-shrunk "
+        "(optimizer and schedules kept; docs/scale.md#shrink)",
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-progress", action="store_true", help="log lines, no progress bar")
 
@@ -102,11 +110,10 @@ def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = Non
     flag_values.update({name: True for name in switches if getattr(args, name, False)})
     if args.no_progress:
         flag_values["progress"] = False
-    layers = [
-        (args.config or "--config", file_values),
-        ("--set", parse_set(args.overrides)),
-        ("the command line", flag_values),
-    ]
+    layers = [(args.config or "--config", file_values)]
+    if getattr(args, "shrink", False):
+        layers.append(("--shrink", shrink(file_values)))
+    layers += [("--set", parse_set(args.overrides)), ("the command line", flag_values)]
     if base is None and getattr(args, "resume", False):
         out_dir = TrainConfig.__dataclass_fields__["out_dir"].default
         for _, layer in layers:

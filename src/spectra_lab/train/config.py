@@ -202,7 +202,9 @@ class TrainConfig:
             try:
                 check(name, getattr(self, name))
             except ValueError as exc:
-                raise self._error(name, str(exc)) from None
+                choices = getattr(check, "keywords", {}).get("choices")
+                hint = did_you_mean(getattr(self, name), choices)
+                raise self._error(name, f"{exc}{hint}") from None
         rules = (
             ("warmup_steps", self.warmup > self.steps, f"exceeds steps = {self.steps}"),
             ("overwrite", self.resume and self.overwrite, "cannot be combined with resume"),
@@ -234,6 +236,28 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+#: the fields a resumed run may change: how long it runs and its LR schedule, how it clips the
+#: gradient norm, evaluates, reports and checkpoints, and where it runs. Every other field is
+#: held by the checkpoint (the optimizer and its settings, the model, the data and its order,
+#: the seed), which would silently override a new value.
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "out_dir", "resume", "overwrite", "data_dir",
+        "steps", "grad_accum", "global_batch_size",
+        "schedule", "warmup_steps", "decay_fraction", "final_lr_ratio", "grad_clip",
+        "eval_interval", "eval_batches", "eval_batch_size", "log_interval",
+        "checkpoint_interval", "keep_checkpoints", "plot", "progress",
+        "monitor_every", "monitor_groups", "loggers",
+        "device", "autocast", "compile", "sync_timing", "peak_tflops", "parallel",
+    }
+)  # fmt: skip
+
+
+def fixed_on_resume() -> list[str]:
+    """The fields a resumed run must keep (those not in :data:`RESUME_MAY_CHANGE`)."""
+    return [name for name in _FIELDS if name not in RESUME_MAY_CHANGE]
+
+
 def _auto_or_positive(name: str, value: Any) -> Any:
     if value != "auto":
         check_number(f"{name} ('auto' or a number)", value, low=0.0, low_open=True)
@@ -241,7 +265,10 @@ def _auto_or_positive(name: str, value: Any) -> Any:
 
 def _choices_each(name: str, value: list[str], choices: tuple[str, ...]) -> None:
     for item in value:
-        check_choice(name, item, choices)
+        try:
+            check_choice(name, item, choices)
+        except ValueError as exc:
+            raise ValueError(f"{exc}{did_you_mean(item, choices)}") from None
 
 
 def _device(name: str, value: str) -> None:
@@ -373,15 +400,30 @@ def _typed(name: str, value: Any, source: str) -> Any:
     raise ConfigError(f"config field '{name}' in {source}: expected {expected}, got {given!r}")
 
 
+def did_you_mean(value: Any, choices: Any) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a mistyped ``value``, else ``""``.
+
+    Underscores and hyphens count as the same (``spectra_adamw`` finds ``spectra-adamw``).
+    """
+    if not isinstance(value, str) or not choices:
+        return ""
+    plain = {str(c).replace("_", "-").lower(): str(c) for c in choices}
+    close = difflib.get_close_matches(value.replace("_", "-").lower(), list(plain), n=1)
+    return f" (did you mean '{plain[close[0]]}'?)" if close else ""
+
+
 def _unknown(name: str, source: str) -> ConfigError:
-    close = difflib.get_close_matches(name, _FIELDS, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return ConfigError(f"unknown config field '{name}' in {source}{hint}")
+    return ConfigError(f"unknown config field '{name}' in {source}{did_you_mean(name, _FIELDS)}")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file into a flat dict."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".toml"))
+        some = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        listing = f" (it holds {len(found)} config files: {some})" if found else ""
+        raise ConfigError(f"config {path} is a folder{listing}; give one file of it")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     text = path.read_text()
@@ -437,6 +479,62 @@ def build_config(
                 raise _unknown(name, source)
             values[name] = _typed(name, value, source)
     return TrainConfig(**values)
+
+
+#: ``--shrink``: a run of any config, shrunk to a few minutes on a CPU. The optimizer, its
+#: settings, the LR and clip schedules' shapes and the parametrization stay; the model, the
+#: data, the batch and the length become those of a quick CPU run.
+SHRINK: dict[str, Any] = {
+    "preset": "tiny",
+    "d_model": None,
+    "n_layers": None,
+    "n_heads": None,
+    "seq_len": None,
+    "dataset": "shakespeare",
+    "tokenizer": "bpe",
+    "vocab_size": 4096,
+    "vocab_multiple": 1,
+    "steps": 40,
+    "global_batch_size": None,
+    "batch_size": 8,
+    "grad_accum": 1,
+    "warmup_steps": None,
+    "eval_interval": 20,
+    "eval_batches": 4,
+    "eval_batch_size": None,
+    "log_interval": 10,
+    "checkpoint_interval": 20,
+    "device": "cpu",
+    "autocast": "none",
+    "compile": False,
+    "parallel": "ddp",
+    "loggers": [],
+}
+#: the μP base width of a shrunk μP run (the tiny preset's d_model is 64: m = 2)
+SHRINK_MUP_BASE_WIDTH = 32
+
+
+def shrink(values: dict[str, Any]) -> dict[str, Any]:
+    """The ``--shrink`` layer for a config of ``values`` (the fields set so far).
+
+    Besides :data:`SHRINK`: the run goes to ``<out_dir>-shrunk``, a μP run keeps μP with a
+    base width of :data:`SHRINK_MUP_BASE_WIDTH`, and the optimizer's warmups counted in steps
+    (``optimizer_kwargs`` keys ending in ``_warmup``) shrink with the number of steps.
+    """
+    layer = dict(SHRINK)
+    defaults = TrainConfig()
+    out_dir = values.get("out_dir", defaults.out_dir)
+    layer["out_dir"] = f"{str(out_dir).rstrip('/')}-shrunk"
+    if values.get("parametrization") == "mup":
+        layer["mup_base_width"] = SHRINK_MUP_BASE_WIDTH
+    kwargs = dict(values.get("optimizer_kwargs") or {})
+    ratio = SHRINK["steps"] / int(values.get("steps", defaults.steps))
+    for key, value in kwargs.items():
+        if key.endswith("_warmup") and isinstance(value, int) and not isinstance(value, bool):
+            kwargs[key] = max(1, round(value * ratio))
+    if kwargs:
+        layer["optimizer_kwargs"] = kwargs
+    return layer
 
 
 def load_saved_config(path: Path) -> dict[str, Any]:

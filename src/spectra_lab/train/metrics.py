@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from spectra_lab.files import atomic_write
+from spectra_lab.files import atomic_write, write_json_atomic
+from spectra_lab.runs.records import read_jsonl
 from spectra_lab.train.config import TrainConfig
 from spectra_lab.train.loggers import open_loggers, scalars
 from spectra_lab.train.runtime import Runtime
@@ -51,13 +52,6 @@ TRAIN_COLUMNS = (
     "peak_mem_gb",
 )
 EVAL_COLUMNS = ("step", "tokens", "val_loss", "val_ppl", "t_eval")
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _csv_text(columns: tuple[str, ...], records: list[dict[str, Any]]) -> str:
@@ -154,7 +148,12 @@ def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[
 
 
 def perplexity(loss: float) -> float:
-    return math.exp(min(loss, 50.0))
+    """``exp(loss)``; ``inf`` where it overflows a float (a diverged run's loss)."""
+    return math.exp(loss) if loss < MAX_LOG_FLOAT else math.inf
+
+
+#: the largest x whose exp(x) is a finite float64
+MAX_LOG_FLOAT = math.log(sys.float_info.max)
 
 
 class RunLog:
@@ -225,7 +224,6 @@ class RunLog:
         self._record("train", r)
         mfu = {} if r.get("mfu") is None else {"mfu": f"{100 * r['mfu']:.1f}%"}
         if self.bar is not None:
-            self.bar.update(1)
             self.bar.set_postfix(
                 loss=f"{r['loss']:.4f}",
                 lr=f"{r['lr']:.2e}",
@@ -240,6 +238,12 @@ class RunLog:
                 f"step {r['step']:>6} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
                 f"{r['tokens_per_s']:.0f} tok/s{extra}"
             )
+
+    def advance(self, steps: int) -> None:
+        """Move the progress bar by the ``steps`` just reported, in one update: its rate (and
+        so its time left) is then that of whole reports, not of the last record alone."""
+        if self.bar is not None and steps:
+            self.bar.update(steps)
 
     def eval(self, step: int, tokens: int, val_loss: float, seconds: float) -> None:
         if not self.active:
@@ -269,4 +273,4 @@ class RunLog:
             "preset": self.cfg.preset,
             "parameters": parameters,
         }
-        atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_json_atomic(self.run_dir / "summary.json", summary)  # an inf ppl as "inf"

@@ -28,7 +28,7 @@ from torch import nn
 
 import spectra
 from spectra.validate import check_choice
-from spectra_lab.train.config import ConfigError, TrainConfig
+from spectra_lab.train.config import ConfigError, TrainConfig, did_you_mean
 
 LRLambda = Callable[[int], float]
 Groups = list[dict[str, Any]]
@@ -221,7 +221,8 @@ def check_optimizer(cfg: TrainConfig) -> Recipe:
     try:
         check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
     except ValueError as exc:
-        raise ConfigError(f"config field 'optimizer' = {cfg.optimizer!r}: {exc}") from None
+        hint = did_you_mean(cfg.optimizer, OPTIMIZERS)
+        raise ConfigError(f"config field 'optimizer' = {cfg.optimizer!r}: {exc}{hint}") from None
     recipe = OPTIMIZERS[cfg.optimizer]
     if cfg.pre_clip_c is not None and recipe.groups in (plain_groups, muon_groups):
         raise ConfigError(

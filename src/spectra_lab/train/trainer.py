@@ -1,8 +1,10 @@
 """The training loop: one file to read top to bottom.
 
-:func:`train` checks the config, then builds the pieces with plain functions, in order:
-the runtime (rank, device), the data, the model, the LR schedule and the optimizer.
-Then one loop, whose body is a step:
+:func:`train` checks the config, then builds the pieces: the runtime (rank, device), the
+prepared dataset (the one call into ``spectra_lab.data`` that may prepare a corpus), and in
+:func:`build_run` the model, the data sampler, the optimizer, the LR schedule and the
+checkpointed state to resume from. Then :func:`train_loop`, whose body is a step
+(:func:`one_step`):
 
 1. forward and backward over ``grad_accum`` micro-batches (averaged gradients);
 2. global gradient-norm clipping of the raw gradient;
@@ -23,8 +25,9 @@ With ``monitor_every > 0`` a ``spectra.SpectralMonitor`` reads the gradients bef
 the weights after it (its scalars become records of kind "monitor"); ``train(watch=...)`` adds
 other observers with the same two calls (``spectra analyze`` records spectra that way).
 A checkpoint is the ``state_dict`` of each component (model, optimizer, LR schedule,
-data-sampler position, RNG states); see ``checkpoint.py``. The run directory's other
-files are written by ``metrics.RunLog``.
+data-sampler position, RNG states); see ``runs/checkpoint.py``. The run directory's other
+files are written by ``metrics.RunLog``. SIGINT and SIGTERM stop the loop at a step boundary
+with a checkpoint (``signals.py``); an inf or nan loss ends it with one line naming the step.
 
 Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) the model is wrapped in DDP (gloo on
 CPU, NCCL on CUDA; see ``runtime.py``), or with ``parallel="fsdp2"`` sharded in place by
@@ -51,17 +54,16 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from spectra import SpectralMonitor, cosine_schedule, wsd_schedule
+from spectra import SpectralMonitor
+from spectra_lab.data import training_dataset
+from spectra_lab.errors import UserError
 from spectra_lab.model.flops import flops_per_token
-from spectra_lab.train.checkpoint import (
+from spectra_lab.runs.checkpoint import (
     CheckpointError,
-    LRSchedule,
     PerRank,
-    RNGState,
     ShardedModel,
     ShardedOptimizer,
     checkpoint_path,
-    delete_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_components,
@@ -69,7 +71,8 @@ from spectra_lab.train.checkpoint import (
     save_components,
     save_sharded_components,
 )
-from spectra_lab.train.config import ConfigError, TrainConfig
+from spectra_lab.runs.layout import clear_run
+from spectra_lab.train.config import ConfigError, TrainConfig, fixed_on_resume
 from spectra_lab.train.loggers import check_loggers
 from spectra_lab.train.metrics import RunLog, perplexity
 from spectra_lab.train.optimizers import (
@@ -78,7 +81,10 @@ from spectra_lab.train.optimizers import (
     clip_threshold,
     group_of,
 )
+from spectra_lab.train.rng import RNGState
 from spectra_lab.train.runtime import Runtime, build_runtime
+from spectra_lab.train.schedule import LRSchedule, build_lr_lambda
+from spectra_lab.train.signals import Interrupted, StopSignals
 from spectra_lab.train.throughput import peak_flops, peak_memory_gb, rates
 
 OnStep = Callable[[int, dict[str, Any]], None]
@@ -115,21 +121,57 @@ class TrainResult:
     rank: int = 0
 
 
+class Diverged(UserError):
+    """The loss or the optimizer's update became inf or nan (one line: the step, what to try)."""
+
+
+@dataclass
+class Run:
+    """Everything :func:`build_run` sets up and the loop uses."""
+
+    ctx: RunContext
+    forward: nn.Module  # what the loop calls: the model, compiled and/or in DDP
+    scheduler: LRSchedule
+    sampler: Any
+    val: Any
+    components: dict[str, Any]  # what a checkpoint holds
+    params: list[nn.Parameter]  # those with gradients, for their global norm
+    tokens: int  # tokens seen before ``ctx.start``
+    monitor: SpectralMonitor | None
+    observer: Any
+    tokens_per_step: int
+    flops: float  # per token
+    peak: float | None  # the device's peak FLOP/s, for the MFU
+    about: dict[str, Any]  # run.json
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.ctx.cfg
+
+    @property
+    def rt(self) -> Runtime:
+        return self.ctx.runtime
+
+
 def train(
     cfg: TrainConfig, on_step: OnStep | None = None, watch: Watch | None = None
 ) -> TrainResult:
     """Train ``cfg`` from scratch, or from its run directory's latest checkpoint.
 
     ``on_step(step, record)`` is called on every rank after each optimizer step, with
-    the step count so far and the step's metrics; raising from it stops training the
-    way an interruption would (no checkpoint is written). Given, it makes the loop read the
-    step's loss and gradient norm from the device at every step.
+    the step count so far and the step's metrics; raising from it stops training at once
+    (no checkpoint is written). Given, it makes the loop read the step's loss and gradient
+    norm from the device at every step.
 
     ``watch(ctx)``, called on every rank once the optimizer is built (``ctx``: a
     :class:`RunContext`), returns an observer whose ``before_step()`` runs after gradient
     clipping and before ``optimizer.step()``, and whose ``after_step()`` runs right after it;
     its time is the train record's ``t_analysis``. It must leave the weights, gradients and
     RNG states alone for the run to stay what it would be without it.
+
+    SIGINT and SIGTERM stop the run at the next step boundary with a checkpoint there
+    (:class:`~spectra_lab.train.signals.Interrupted`); an inf or nan loss or update ends it
+    with :class:`Diverged`.
     """
     # The run directory records the warmup in force, so that a resumed run keeps it.
     cfg = dataclasses.replace(cfg, warmup_steps=cfg.warmup)
@@ -138,22 +180,134 @@ def train(
     check_loggers(cfg)
     model_config_of(cfg, vocab_size=1)  # the shape and μP fields (the vocabulary comes later)
     try:
-        return _train(cfg, lr_lambda, on_step, watch)
+        rt = build_runtime(cfg)
+        # The run directory records the accumulation in force for this world size.
+        cfg = dataclasses.replace(cfg, grad_accum=cfg.accumulation(rt.world_size))
+        dataset_dir = prepared_dataset(cfg, rt)  # the one call into data preparation
+        run = build_run(cfg, rt, dataset_dir, lr_lambda, watch)
+        with (
+            RunLog(Path(cfg.out_dir), cfg, rt, run.ctx.start, run.about) as log,
+            StopSignals() as stop,
+        ):
+            return train_loop(run, log, stop, on_step)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(
+def train_loop(run: Run, log: RunLog, stop: StopSignals, on_step: OnStep | None) -> TrainResult:
+    """Steps ``start .. steps``: each one, its records, an evaluation and a checkpoint when due."""
+    cfg, rt, ctx = run.cfg, run.rt, run.ctx
+    tokens, val_loss = run.tokens, None
+    pending: list[Pending] = []  # the steps since the last report
+    ctx.model.train()
+    for step in range(ctx.start, cfg.steps):
+        done, tokens = step + 1, tokens + run.tokens_per_step
+        try:
+            record, spectral, timer = one_step(run)
+        except FloatingPointError as exc:  # the optimizer's nonfinite="raise"
+            report(pending, log, on_step, cfg)  # the steps before it, and a nan loss first
+            raise Diverged(diverged(cfg, f"{str(exc).splitlines()[0]} at step {done}")) from None
+        pending.append(Pending({"step": done, "tokens": tokens, **record}, spectral))
+
+        reporting = on_step is not None or done % cfg.log_interval == 0 or done == cfg.steps
+        evaluate_now = done % cfg.eval_interval == 0 or done == cfg.steps
+        save_now = done == cfg.steps or (
+            cfg.checkpoint_interval > 0 and done % cfg.checkpoint_interval == 0
+        )
+        if reporting or evaluate_now or save_now:
+            report(pending, log, on_step, cfg)
+        # Several ranks agree on rank 0's view, where they report (a collective).
+        signum = None
+        if reporting or not rt.distributed:
+            signum = stop.requested(rt.broadcast if rt.distributed else None)
+        if signum is not None:
+            report(pending, log, on_step, cfg)
+        if evaluate_now:
+            with timer("eval"):
+                val_loss = evaluate(ctx.model, run.val, cfg, rt)
+            log.eval(done, tokens, val_loss, timer.times["t_eval"])
+        if save_now or signum is not None:
+            path = save_checkpoint(run, done, tokens)
+        if signum is not None:
+            raise Interrupted(signum, done, path)
+
+    if val_loss is None and ctx.start == cfg.steps:  # resumed a finished run
+        val_loss = evaluate(ctx.model, run.val, cfg, rt)
+    log.finish(tokens, val_loss, run.about["parameters"])
+    val_ppl = perplexity(val_loss) if val_loss is not None else None
+    return TrainResult(Path(cfg.out_dir), cfg.steps, tokens, val_loss, val_ppl, ctx.model, rt.rank)
+
+
+def one_step(run: Run) -> tuple[dict[str, Any], dict[str, float], Timer]:
+    """One optimizer step (the module docstring's 1-4); its record, with the loss and the
+    gradient norm still on the device, the monitor's scalars, and the phases' timer."""
+    cfg, rt, optimizer = run.cfg, run.rt, run.ctx.optimizer
+    timer = Timer(rt.sync if cfg.sync_timing else None)
+    with timer("step"):
+        lr, clip_c = optimizer.param_groups[0]["lr"], clip_threshold(optimizer)
+        loss = forward_backward(run.forward, run.sampler, cfg, rt, timer)
+        with timer("grad_clip"):
+            max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
+        around_step(run.monitor, run.observer, timer, "before_step")
+        with timer("optimizer"):
+            optimizer.step()
+        spectral = around_step(run.monitor, run.observer, timer, "after_step")
+        run.scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss, grad_norm = rt.mean(loss), full(grad_norm)  # still on the device
+    record = {
+        "loss": loss,  # the two tensors are read by report()
+        "lr": lr,
+        "clip_c": clip_c,
+        "grad_norm": grad_norm,
+        **timer.times,
+        **rates(run.tokens_per_step, timer.times["t_step"], rt.world_size, run.flops, run.peak),
+        "peak_mem_gb": peak_memory_gb(rt.device),
+    }
+    return record, spectral, timer
+
+
+def diverged(cfg: TrainConfig, what: str) -> str:
+    """The one line of a diverged run: what happened, and what to try."""
+    hint = f"try a lower lr (now {cfg.lr:g}; --lr)"
+    if cfg.grad_clip is None:
+        hint += ", gradient clipping (--set grad_clip=0.5)"
+    if cfg.optimizer != "torch-adamw":
+        hint += ", or skipping such steps (--set optimizer_kwargs={nonfinite: skip})"
+    return f"the run diverged: {what}; {hint}"
+
+
+# ---------------------------------------------------------------------------------------
+# building the pieces
+
+
+def prepared_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
+    """The run's prepared dataset directory (see ``spectra_lab.data.training_dataset``):
+    rank 0 finds it, or prepares a named corpus once, and tells the other ranks."""
+    path = None
+    if rt.is_main:
+        try:
+            path = str(
+                training_dataset(
+                    cfg.dataset, cfg.tokenizer, cfg.vocab_size, cfg.data_dir, cfg.progress
+                )
+            )
+        except ValueError as exc:  # unknown dataset or tokenizer
+            raise ConfigError(f"config field 'dataset' = {cfg.dataset!r}: {exc}") from None
+    return Path(rt.broadcast(path))
+
+
+def build_run(
     cfg: TrainConfig,
+    rt: Runtime,
+    dataset_dir: Path,
     lr_lambda: Callable[[int], float],
-    on_step: OnStep | None,
     watch: Watch | None,
-) -> TrainResult:
-    rt = build_runtime(cfg)
-    # The run directory records the accumulation in force for this world size.
-    cfg = dataclasses.replace(cfg, grad_accum=cfg.accumulation(rt.world_size))
-    dataset_dir = resolve_dataset(cfg, rt)
+) -> Run:
+    """The model, its optimizer, schedule and data, resumed from the latest checkpoint when
+    asked, and the monitor and observer that watch its steps."""
     meta = json.loads((dataset_dir / "meta.json").read_text())
     model, model_cfg = build_model(cfg, int(meta["vocab_size"]))
     model.to(rt.device)
@@ -171,119 +325,40 @@ def _train(
         "sampler": PerRank(sampler, rt.rank, rt.gather),
         "rng": PerRank(RNGState(rt.device), rt.rank, rt.gather),
     }
-    run_dir = Path(cfg.out_dir)
-    start, tokens = start_or_resume(run_dir, cfg, rt, components)
+    start, tokens = start_or_resume(Path(cfg.out_dir), cfg, rt, components)
     ctx = RunContext(cfg, model, optimizer, rt, dataset_dir, model_cfg.seq_len, start)
-    monitor = build_monitor(ctx)
-    observer = watch(ctx) if watch is not None else None
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len * rt.world_size
-    flops = flops_per_token(model_cfg)
     peak = peak_flops(rt.device, rt.autocast_dtype, cfg.peak_tflops)
     about = {  # run.json
         "world_size": rt.world_size,
         "parallel": cfg.parallel,
         "device": str(rt.device),
-        "autocast": str(rt.autocast_dtype),
+        "autocast": str(rt.autocast_dtype).removeprefix("torch.") if rt.autocast_dtype else None,
         "torch": torch.__version__,
-        "parameters": sum(p.numel() for p in params),
+        "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "tokens_per_step": tokens_per_step,
-        "flops_per_token": flops,
+        "flops_per_token": flops_per_token(model_cfg),
         "peak_tflops": peak / 1e12 if peak is not None else None,
         "started_at_step": start,
         "dataset_dir": str(dataset_dir),
         "model_config": dataclasses.asdict(model_cfg),
     }
-
-    ckpt_scalars = {  # besides step and tokens; spectra sample reads the last two
-        "world_size": rt.world_size,
-        "config": cfg.to_dict(),
-        "model_config": about["model_config"],
-        "dataset_dir": about["dataset_dir"],
-    }
-
-    val_loss = None
-    pending: list[Pending] = []  # the steps since the last report
-    model.train()
-    with RunLog(run_dir, cfg, rt, start, about) as log:
-        for step in range(start, cfg.steps):
-            timer = Timer(rt.sync if cfg.sync_timing else None)
-            with timer("step"):
-                lr, clip_c = optimizer.param_groups[0]["lr"], clip_threshold(optimizer)
-                loss = forward_backward(forward, sampler, cfg, rt, timer)
-                with timer("grad_clip"):
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-                around_step(monitor, observer, timer, "before_step")
-                with timer("optimizer"):
-                    optimizer.step()
-                spectral = around_step(monitor, observer, timer, "after_step")
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                loss, grad_norm = rt.mean(loss), full(grad_norm)  # still on the device
-            done, tokens = step + 1, tokens + tokens_per_step
-            record = {
-                "step": done,
-                "tokens": tokens,
-                "loss": loss,  # the two tensors are read by report()
-                "lr": lr,
-                "clip_c": clip_c,
-                "grad_norm": grad_norm,
-                **timer.times,
-                **rates(tokens_per_step, timer.times["t_step"], rt.world_size, flops, peak),
-                "peak_mem_gb": peak_memory_gb(rt.device),
-            }
-            pending.append(Pending(record, spectral))
-
-            evaluate_now = done % cfg.eval_interval == 0 or done == cfg.steps
-            save_now = done == cfg.steps or (
-                cfg.checkpoint_interval > 0 and done % cfg.checkpoint_interval == 0
-            )
-            if on_step is not None or evaluate_now or save_now or done % cfg.log_interval == 0:
-                report(pending, log, on_step)
-            if evaluate_now:
-                with timer("eval"):
-                    val_loss = evaluate(model, val, cfg, rt)
-                log.eval(done, tokens, val_loss, timer.times["t_eval"])
-            if save_now:
-                scalars = {"step": done, "tokens": tokens, **ckpt_scalars}
-                save_checkpoint(run_dir, cfg, rt, components, scalars)
-
-        if val_loss is None and start == cfg.steps:  # resumed a finished run
-            val_loss = evaluate(model, val, cfg, rt)
-        log.finish(tokens, val_loss, about["parameters"])
-    val_ppl = perplexity(val_loss) if val_loss is not None else None
-    return TrainResult(run_dir, cfg.steps, tokens, val_loss, val_ppl, model, rank=rt.rank)
-
-
-# ---------------------------------------------------------------------------------------
-# building the pieces
-
-
-def resolve_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
-    """A prepared dataset directory: ``cfg.dataset`` itself, or found/prepared by rank 0.
-
-    A name refers to the data package's default location for it,
-    ``<data_dir>/datasets/<name>-<tokenizer tag>`` (what ``spectra prepare-data`` writes):
-    a prepared dataset there is used as it is (whatever token budget it was made with),
-    otherwise rank 0 prepares it with the default options.
-    """
-    given = Path(cfg.dataset)
-    if (given / "meta.json").is_file():
-        return given
-    path = None
-    if rt.is_main:
-        from spectra_lab.data import default_dataset_dir, prepare
-
-        try:
-            out = default_dataset_dir(cfg.dataset, cfg.tokenizer, cfg.vocab_size, cfg.data_dir)
-            if not (out / "meta.json").is_file():
-                out = prepare(cfg.dataset, out, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size)
-            path = str(out)
-        except ValueError as exc:  # unknown dataset or tokenizer
-            raise ConfigError(f"config field 'dataset' = {cfg.dataset!r}: {exc}") from None
-    return Path(rt.broadcast(path))
+    return Run(
+        ctx=ctx,
+        forward=forward,
+        scheduler=scheduler,
+        sampler=sampler,
+        val=val,
+        components=components,
+        params=[p for p in model.parameters() if p.requires_grad],
+        tokens=tokens,
+        monitor=build_monitor(ctx),
+        observer=watch(ctx) if watch is not None else None,
+        tokens_per_step=tokens_per_step,
+        flops=about["flops_per_token"],
+        peak=peak,
+        about=about,
+    )
 
 
 def model_config_of(cfg: TrainConfig, vocab_size: int) -> Any:
@@ -326,17 +401,6 @@ def build_data(cfg: TrainConfig, rt: Runtime, dataset_dir: Path, seq_len: int) -
     return sampler, val
 
 
-def build_lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
-    """``S_lr(k)``: the multiplier of the peak learning rate at 0-based step ``k``."""
-    try:
-        if cfg.schedule == "cosine":
-            return cosine_schedule(cfg.warmup, cfg.steps, final_ratio=cfg.final_lr_ratio)
-        decay = cfg.decay_fraction if cfg.schedule == "wsd" else 0.0  # "constant": no decay
-        return wsd_schedule(cfg.warmup, cfg.steps, decay_fraction=decay)
-    except ValueError as exc:
-        raise ConfigError(f"config field 'schedule' = {cfg.schedule!r}: {exc}") from None
-
-
 def wrap_model(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     """The module the loop calls: ``model``, compiled if asked, in DDP when distributed.
 
@@ -367,8 +431,10 @@ def start_or_resume(
 ) -> tuple[int, int]:
     """``(step, tokens)`` to start from: the latest checkpoint's with ``resume``, else 0.
 
-    A fresh run refuses a directory holding checkpoints unless ``overwrite`` (then rank 0
-    deletes them).
+    A fresh run refuses a directory holding checkpoints unless ``overwrite``; it starts by
+    deleting (rank 0) every file of the run it replaces, before anything new is written. A
+    resumed run refuses a config that changes what its checkpoint holds (``lr``, the
+    optimizer's settings, the model, the data), which would otherwise be silently ignored.
     """
     existing = list_checkpoints(run_dir)
     start = tokens = 0
@@ -377,17 +443,29 @@ def start_or_resume(
         if path is None:
             raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'ckpt'}")
         state = load_components(path, components, rt.world_size)
+        check_resumed_config(cfg, state["config"], path)
         start, tokens = state["step"], state["tokens"]
     elif existing and not cfg.overwrite:
         raise CheckpointError(
             f"{run_dir} already holds a run (checkpoint at step {existing[-1][0]}); "
             "use --resume to continue it or --overwrite to start over"
         )
-    elif existing and rt.is_main:
-        for _, path in existing:
-            delete_checkpoint(path)
+    elif rt.is_main:
+        clear_run(run_dir)
     rt.barrier()  # nobody reads a checkpoint that rank 0 is deleting
     return start, tokens
+
+
+def check_resumed_config(cfg: TrainConfig, saved: dict[str, Any], path: Path) -> None:
+    """One-line ``ConfigError`` for the first field the checkpoint fixes that ``cfg`` changes."""
+    new = cfg.to_dict()
+    for name in fixed_on_resume():
+        if name in saved and name in new and saved[name] != new[name]:
+            raise ConfigError(
+                f"config field '{name}' = {new[name]!r} differs from {saved[name]!r} in the "
+                f"checkpoint {path}, which a resumed run keeps; resume without changing it, "
+                "or start a new run (another --out, or --overwrite)"
+            )
 
 
 def build_monitor(ctx: RunContext) -> SpectralMonitor | None:
@@ -413,22 +491,30 @@ def build_monitor(ctx: RunContext) -> SpectralMonitor | None:
     return monitor
 
 
-def save_checkpoint(
-    run_dir: Path, cfg: TrainConfig, rt: Runtime, components: dict[str, Any], scalars: dict
-) -> None:
-    """Every rank: checkpoint the components at ``scalars["step"]``; rank 0 writes, prunes.
+def save_checkpoint(run: Run, step: int, tokens: int) -> Path:
+    """Every rank: checkpoint the run's components at ``step``; rank 0 writes and prunes.
 
-    FSDP2: a directory, every rank writing its shards (see ``checkpoint.py``).
+    FSDP2: a directory, every rank writing its shards (see ``runs/checkpoint.py``).
     """
+    cfg, rt = run.cfg, run.rt
+    scalars = {  # spectra sample reads the last two
+        "step": step,
+        "tokens": tokens,
+        "world_size": rt.world_size,
+        "config": cfg.to_dict(),
+        "model_config": run.about["model_config"],
+        "dataset_dir": run.about["dataset_dir"],
+    }
     sharded = cfg.parallel == "fsdp2"
-    path = checkpoint_path(run_dir, scalars["step"], sharded=sharded)
+    path = checkpoint_path(cfg.out_dir, step, sharded=sharded)
     if sharded:
-        save_sharded_components(path, components, scalars, rt)
+        save_sharded_components(path, run.components, scalars, rt)
     else:
-        save_components(path, components, scalars, write=rt.is_main)
+        save_components(path, run.components, scalars, write=rt.is_main)
     if rt.is_main:
-        prune_checkpoints(run_dir, cfg.keep_checkpoints)
+        prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints)
     rt.barrier()
+    return path
 
 
 # ---------------------------------------------------------------------------------------
@@ -511,24 +597,28 @@ class Pending:
     spectral: dict[str, float]
 
 
-def report(pending: list[Pending], log: RunLog, on_step: OnStep | None) -> None:
+def report(pending: list[Pending], log: RunLog, on_step: OnStep | None, cfg: TrainConfig) -> None:
     """Read the pending steps' device scalars in one host synchronisation, then log each step's
     records and call ``on_step``, in step order; empty ``pending``.
 
-    A non-finite loss stops the run with ``FloatingPointError`` naming its step, once the steps
+    A non-finite loss ends the run with :class:`Diverged` naming its step, once the steps
     before it are logged.
     """
+    if not pending:
+        return
     scalars = torch.stack(
         [torch.stack((p.record["loss"].double(), p.record["grad_norm"].double())) for p in pending]
     ).tolist()  # float64 holds every float32 value exactly, as .item() would give it
     for p, (loss, grad_norm) in zip(pending, scalars, strict=True):
         if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {p.record['step']}")
+            log.advance(0)
+            raise Diverged(diverged(cfg, f"the loss is {loss} at step {p.record['step']}"))
         p.record.update(loss=loss, grad_norm=grad_norm)
         log.train(p.record)
         log.monitor(p.record["step"], p.spectral)
         if on_step is not None:
             on_step(p.record["step"], p.record)
+    log.advance(len(pending))
     pending.clear()
 
 

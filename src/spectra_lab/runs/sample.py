@@ -5,29 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import nn
 
 from spectra.validate import check_int, check_number
 from spectra_lab.errors import CLIError
-from spectra_lab.train.checkpoint import load_checkpoint, load_model_weights, resolve_checkpoint
-
-
-def load_model(ckpt: str | Path, device: str = "cpu") -> tuple[nn.Module, dict[str, Any]]:
-    """The model saved in ``ckpt`` (checkpoint or run directory) in eval mode, and the
-    checkpoint (for a directory checkpoint: its trainer file, without model and optimizer)."""
-    from spectra_lab.model import Llama, ModelConfig
-
-    path = resolve_checkpoint(ckpt)
-    state = load_checkpoint(path, map_location="cpu")
-    model = Llama(ModelConfig(**state["model_config"]))
-    if "model" in state:
-        model.load_state_dict(state["model"])
-    else:  # the shards of an FSDP2 run, read whole
-        load_model_weights(path, model)
-    return model.to(device).eval(), state
+from spectra_lab.runs.model import load_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """Checkpoints: atomic, self-verifying files of a run's state_dict-able components.
 
 A checkpoint is ``{name: component.state_dict()}`` for the components the trainer hands
-over (model, optimizer, LR schedule, data-sampler position, RNG states) plus a few
+over (model, optimizer, LR schedule, data-sampler position, RNG states; the last two in
+``train/schedule.py`` and ``train/rng.py``) plus a few
 scalars (format, step, tokens, world size, config). Every component has ``state_dict()``
 and ``load_state_dict()``; the ones whose state differs between ranks are wrapped in
 :class:`PerRank`, which gathers every rank's state into one list.
@@ -36,24 +37,19 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import random
 import re
 import secrets
 import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
 from spectra_lab.errors import UserError
 from spectra_lab.files import atomic_write
-
-if TYPE_CHECKING:
-    from spectra_lab.train.runtime import Runtime
 
 MAGIC = b"SPCKPT01"
 #: layout of the checkpoint dict; 2: one entry per component
@@ -65,12 +61,24 @@ _NAME = re.compile(r"^step_(\d+)(\.pt)?$")
 _PARTIAL = re.compile(r"^step_\d+\.tmp-")
 #: the trainer's file in a directory checkpoint: the scalars and the components DCP does not hold
 TRAINER_FILE = "trainer.pt"
+#: the hint of every damaged-checkpoint error
+_EARLIER = "delete it to resume from an earlier one"
 #: DCP's index of a checkpoint, written by its coordinator after every rank's shards
 DCP_METADATA = ".metadata"
 
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that is missing, truncated, corrupt or from another setup."""
+
+
+class Ranks(Protocol):
+    """What a sharded save needs of the training runtime (``train.runtime.Runtime``)."""
+
+    is_main: bool
+
+    def broadcast(self, obj: Any) -> Any: ...
+
+    def barrier(self) -> None: ...
 
 
 class Stateful(Protocol):
@@ -80,59 +88,7 @@ class Stateful(Protocol):
 
 
 # ---------------------------------------------------------------------------------------
-# components that torch does not provide
-
-
-class LRSchedule:
-    """``LambdaLR`` as a component whose state is the step it is at.
-
-    The schedule itself is the run's config, not the checkpoint's, so that ``--steps``
-    may extend a finished WSD run. Loading rebuilds ``LambdaLR`` at the saved step with
-    the public ``last_epoch`` argument; load the optimizer first, since the rebuilt
-    scheduler takes its peak lr from the groups' ``initial_lr``.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_lambda: Callable[[int], float]):
-        self.optimizer = optimizer
-        self.lr_lambda = lr_lambda
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-
-    def step(self) -> None:
-        self.scheduler.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.scheduler.last_epoch}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        # LambdaLR(last_epoch=k-1) steps once on construction: the lr becomes
-        # initial_lr * lr_lambda(k), the lr of step k.
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, self.lr_lambda, last_epoch=state["step"] - 1
-        )
-
-
-class RNGState:
-    """This process's Python, NumPy, torch and (on CUDA) device random states."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),  # noqa: NPY002 (global state used by any legacy caller)
-            "torch": torch.get_rng_state(),
-        }
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        random.setstate(state["python"])
-        np.random.set_state(state["numpy"])  # noqa: NPY002
-        torch.set_rng_state(state["torch"])
-        if "cuda" in state and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda"], self.device)
+# component wrappers
 
 
 class PerRank:
@@ -224,11 +180,11 @@ def save_components(
     """
     state = {name: c.state_dict() for name, c in components.items()}
     if write:
-        save_checkpoint(path, {"format": FORMAT, **scalars, **state})
+        write_checkpoint(path, {"format": FORMAT, **scalars, **state})
 
 
 def save_sharded_components(
-    path: str | Path, components: dict[str, Stateful], scalars: dict[str, Any], rt: Runtime
+    path: str | Path, components: dict[str, Stateful], scalars: dict[str, Any], rt: Ranks
 ) -> None:
     """Save the directory checkpoint ``path`` (``.../step_NNNNNNN``); every rank calls it.
 
@@ -246,7 +202,7 @@ def save_sharded_components(
     dcp.save(sharded, checkpoint_id=tmp)
     if rt.is_main:
         trainer = {"format": FORMAT, "sharded": list(sharded), **scalars, **state}
-        save_checkpoint(tmp / TRAINER_FILE, trainer)
+        write_checkpoint(tmp / TRAINER_FILE, trainer)
     rt.barrier()  # every rank's shards are on disk
     if rt.is_main:
         if path.exists():  # an earlier save of this step (of a run resumed from before it)
@@ -280,7 +236,7 @@ def load_components(
             f"checkpoint {path} is a single file of a run without FSDP2; "
             "resume it with parallel=ddp"
         )
-    state = load_checkpoint(path, map_location="cpu")
+    state = read_checkpoint(path, map_location="cpu")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: unknown format {state.get('format')!r}")
     if state["world_size"] != world_size:
@@ -308,7 +264,7 @@ def load_model_weights(path: str | Path, model: nn.Module) -> None:
     """
     path = Path(path)
     if not path.is_dir():
-        model.load_state_dict(load_checkpoint(path, map_location="cpu")["model"])
+        model.load_state_dict(read_checkpoint(path, map_location="cpu")["model"])
         return
     weights = model.state_dict()
     with warnings.catch_warnings():  # DCP's note that it loads in a single process
@@ -331,7 +287,7 @@ def _dcp_load(path: Path, state: dict[str, Any], no_dist: bool = False) -> None:
 # files
 
 
-def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+def write_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     """Serialize ``state`` with a length-and-checksum footer, atomically."""
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -340,8 +296,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     atomic_write(path, payload + footer)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint`, verifying length and checksum.
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint written by :func:`write_checkpoint`, verifying length and checksum.
 
     For a directory checkpoint: its :data:`TRAINER_FILE` (everything but the sharded
     components).
@@ -355,16 +311,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if len(data) < _FOOTER or data[-_FOOTER : -_FOOTER + len(MAGIC)] != MAGIC:
         raise CheckpointError(
             f"checkpoint {path} is truncated or not a spectra checkpoint "
-            f"({len(data)} bytes, no valid footer); delete it to resume from an earlier one"
+            f"({len(data)} bytes, no valid footer); {_EARLIER}"
         )
     size = int.from_bytes(data[-_FOOTER + len(MAGIC) : -32], "little")
     payload = data[:-_FOOTER]
     if len(payload) != size:
         raise CheckpointError(
-            f"checkpoint {path} is truncated: payload has {len(payload)} bytes, expected {size}"
+            f"checkpoint {path} is truncated: payload has {len(payload)} bytes, expected {size}; "
+            f"{_EARLIER}"
         )
     if hashlib.sha256(payload).digest() != data[-32:]:
-        raise CheckpointError(f"checkpoint {path} is corrupt: checksum mismatch")
+        raise CheckpointError(f"checkpoint {path} is corrupt: checksum mismatch; {_EARLIER}")
     return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
 
 

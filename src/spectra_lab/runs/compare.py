@@ -13,7 +13,8 @@ from pathlib import Path
 
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
-from spectra_lab.train.metrics import read_jsonl
+from spectra_lab.runs.records import read_jsonl
+from spectra_lab.runs.scores import read_scores
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,8 +81,6 @@ def step_times(run: Path) -> tuple[float, float] | None:
 
 def downstream_table(runs: list[Path], labels: list[str]) -> list[list[str]]:
     """Header and rows ``[task, metric, shots, score of each run]`` ("" where a run lacks it)."""
-    from spectra_lab.eval.cli import read_scores
-
     scores: dict[tuple[str, str, str], dict[str, float]] = {}
     for run, label in zip(runs, labels, strict=True):
         for r in read_scores(run):

@@ -1,0 +1,234 @@
+"""A run as a careful user meets it: interrupts, divergence, stale results, resumes with
+changed settings, mistyped names, and the messages each of them gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spectra_lab.cli import main
+from spectra_lab.data import prepare
+from spectra_lab.runs.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
+from spectra_lab.runs.layout import RUN_FILES, clear_run
+from spectra_lab.train.config import ConfigError, TrainConfig, fixed_on_resume
+from spectra_lab.train.signals import Interrupted
+from spectra_lab.train.trainer import Diverged, train
+from test_train import small_config, write_dataset
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("data") / "markov")
+
+
+def cli_argv(dataset: Path, out: Path, *extra: str) -> list[str]:
+    argv = ["train", "--preset", "tiny", "--dataset", str(dataset), "--out", str(out)]
+    argv += ["--optimizer", "torch-adamw", "--lr", "1e-2", "--steps", "12", "--no-progress"]
+    argv += ["--set", "eval_interval=6", "--set", "eval_batches=2", "--set", "seq_len=32"]
+    argv += ["--set", "warmup_steps=2", "--batch-size", "4", "--device", "cpu"]
+    return argv + list(extra)
+
+
+# ---------------------------------------------------------------------------------------
+# interrupts
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_a_checkpoint_at_the_next_step_and_resume_finishes(dataset, tmp_path, signum):
+    cfg = small_config(dataset, tmp_path / "run", steps=20, checkpoint_interval=100)
+
+    def send(step: int, record: dict) -> None:
+        if step == 7:
+            os.kill(os.getpid(), signum)  # handled between two Python bytecodes: now
+
+    with pytest.raises(Interrupted) as caught:
+        train(cfg, on_step=send)
+    assert caught.value.step == 7 and caught.value.exit_code == 128 + signum
+    assert signal.Signals(signum).name in str(caught.value) and "--resume" in str(caught.value)
+    assert [step for step, _ in list_checkpoints(cfg.out_dir)] == [7]
+    assert not (tmp_path / "run" / "summary.json").exists()  # not a finished run
+    # the handlers are the previous ones again
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    resumed = train(small_config(dataset, tmp_path / "run", steps=20, resume=True))
+    whole = train(small_config(dataset, tmp_path / "whole", steps=20, checkpoint_interval=100))
+    assert resumed.step == 20
+    assert resumed.val_loss == pytest.approx(whole.val_loss, rel=1e-6)
+
+
+def test_sigterm_to_the_command_is_one_line_with_exit_code_143(dataset, tmp_path):
+    out = tmp_path / "run"
+    argv = cli_argv(dataset, out, "--steps", "100000", "--set", "log_interval=1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    code = "import sys; from spectra_lab.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        for line in proc.stdout:  # the first logged step: the loop runs
+            if line.startswith("step"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    errors = [ln for ln in err.splitlines() if "error" in ln]
+    assert len(errors) == 1 and "SIGTERM: stopped after step" in errors[0], err
+    assert "Traceback" not in err
+    step = int(errors[0].split("after step ")[1].split(",")[0])
+    assert [s for s, _ in list_checkpoints(out)] == [step]
+
+
+# ---------------------------------------------------------------------------------------
+# stale results
+
+
+def test_overwrite_removes_the_old_runs_files_before_writing_anything(dataset, tmp_path):
+    out = tmp_path / "run"
+    train(small_config(dataset, out, steps=10, plot=True))
+    (out / "eval").mkdir()
+    (out / "eval" / "scores.csv").write_text("task,metric\n")
+    (out / "notes.txt").write_text("mine")  # not a file of the run: kept
+    assert (out / "summary.json").is_file() and (out / "loss.png").is_file()
+
+    def crash(step: int, record: dict) -> None:
+        raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError, match="crash"):
+        train(small_config(dataset, out, steps=10, overwrite=True), on_step=crash)
+    assert list_checkpoints(out) == []
+    for name in ("summary.json", "loss.png", "eval", "ckpt"):
+        assert not (out / name).exists(), name
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "config.yaml").is_file()  # the new run's
+
+
+def test_clear_run_deletes_summary_first(tmp_path):
+    assert RUN_FILES[0] == "summary.json"
+    for name in RUN_FILES:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "ckpt").mkdir()
+    assert clear_run(tmp_path)[0] == "summary.json"
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------
+# divergence
+
+
+def test_a_finite_divergence_finishes_with_summary_and_figure(dataset, tmp_path):
+    cfg = small_config(
+        dataset, tmp_path / "run", steps=6, eval_interval=3, plot=True, lr=30.0, grad_clip=None,
+        warmup_steps=0,
+    )  # fmt: skip
+    result = train(cfg)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["val_loss"] == pytest.approx(result.val_loss)
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("optimizer", ["torch-adamw", "spectra-adamw"])
+def test_a_nonfinite_run_ends_in_one_line_naming_the_step(dataset, tmp_path, capsys, optimizer):
+    argv = cli_argv(dataset, tmp_path / "run", "--lr", "1e9", "--optimizer", optimizer)
+    assert main([*argv, "--set", "grad_clip=null"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("spectra train: error: the run diverged:")
+    assert "at step" in err[0] and "lower lr (now 1e+09" in err[0]
+    assert ("nonfinite: skip" in err[0]) == (optimizer != "torch-adamw")
+
+
+def test_diverged_is_raised_by_train(dataset, tmp_path):
+    cfg = small_config(dataset, tmp_path / "run", lr=1e9, grad_clip=None, warmup_steps=0)
+    with pytest.raises(Diverged, match=r"the loss is (nan|inf) at step \d+"):
+        train(cfg)
+
+
+# ---------------------------------------------------------------------------------------
+# resuming with other settings
+
+
+def test_resume_refuses_a_changed_lr_in_one_line(dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(cli_argv(dataset, out)) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--lr", "1e9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config field 'lr' = 1000000000.0 differs from 0.01" in err[0]
+    # what a resumed run may change: it runs longer
+    assert main(["train", "--out", str(out), "--resume", "--steps", "14", "--no-progress"]) == 0
+
+
+def test_fields_fixed_on_resume_are_those_the_checkpoint_holds():
+    fixed = set(fixed_on_resume())
+    assert {"lr", "weight_decay", "optimizer", "optimizer_kwargs", "seed", "preset"} <= fixed
+    assert {"clip_c", "batch_size", "dataset"} <= fixed
+    assert not fixed & {"steps", "out_dir", "eval_interval", "device", "loggers", "resume"}
+
+
+# ---------------------------------------------------------------------------------------
+# parsing and names
+
+
+def test_a_negative_lr_after_a_space_is_a_value(dataset, tmp_path, capsys):
+    assert main(cli_argv(dataset, tmp_path / "run", "--lr", "-1e-3")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config field 'lr' = -0.001" in err[0], err
+
+
+def test_mistyped_optimizer_gets_did_you_mean(capsys):
+    assert main(["train", "--optimizer", "spectra_adamw"]) == 2
+    assert "(did you mean 'spectra-adamw'?)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"did you mean 'cosine'"):
+        TrainConfig(schedule="cosin")
+    with pytest.raises(ConfigError, match=r"did you mean 'hidden'"):
+        TrainConfig(clip_groups=["hiden"])
+
+
+def test_config_folder_is_named_as_a_folder(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text("steps: 3\n")
+    assert main(["train", "--config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder (it holds 1 config files: a.yaml); give one file of it" in err
+
+
+def test_run_json_autocast_is_null_on_cpu(dataset, tmp_path):
+    train(small_config(dataset, tmp_path / "run", steps=4, warmup_steps=1))
+    about = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert about["autocast"] is None
+
+
+def test_a_bit_flipped_checkpoint_says_what_to_do(dataset, tmp_path):
+    train(small_config(dataset, tmp_path / "run", steps=5))
+    _, path = list_checkpoints(tmp_path / "run")[-1]
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch; delete it to resume from an"):
+        read_checkpoint(path)
+
+
+# ---------------------------------------------------------------------------------------
+# progress
+
+
+def test_preparing_a_corpus_says_what_it_does(tmp_path, capsys):
+    text = tmp_path / "corpus.jsonl"
+    docs = [{"text": f"document {i} " + "word " * 50} for i in range(40)]
+    text.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    prepare("text", tmp_path / "ds", tokenizer="bpe", vocab_size=300, input=[text], progress=True)
+    err = capsys.readouterr().err
+    assert "prepare-data: training the bpe tokenizer on" in err
