@@ -232,3 +232,49 @@ def test_preparing_a_corpus_says_what_it_does(tmp_path, capsys):
     prepare("text", tmp_path / "ds", tokenizer="bpe", vocab_size=300, input=[text], progress=True)
     err = capsys.readouterr().err
     assert "prepare-data: training the bpe tokenizer on" in err
+
+
+# ---------------------------------------------------------------------------------------
+# several processes
+
+
+def test_a_failure_in_several_processes_is_one_line(dataset, tmp_path):
+    out = tmp_path / "run"
+    assert main(cli_argv(dataset, out, "--steps", "2", "--set", "warmup_steps=1")) == 0
+    argv = cli_argv(dataset, out, "--steps", "2", "--nproc-per-node", "2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "spectra_lab", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        f"spectra train: error: {out} already holds a run (checkpoint at step 2); "
+        "use --resume to continue it or --overwrite to start over"
+    ], proc.stderr
+
+
+def test_sweep_workers_label_their_lines():
+    from spectra_lab.sweep.cli import Labelled
+
+    class Sink:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def write(self, s: str) -> None:
+            self.text += s
+
+        def flush(self) -> None:
+            pass
+
+    sink = Sink()
+    stream = Labelled(sink, "[lr=1e-3] ")
+    stream.write("step 1 | loss 3.0\nstep 2")
+    stream.write(" | loss 2.9\n")
+    stream.write("tail")
+    stream.flush()
+    assert sink.text == "[lr=1e-3] step 1 | loss 3.0\n[lr=1e-3] step 2 | loss 2.9\n[lr=1e-3] tail"

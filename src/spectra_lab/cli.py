@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # what a launcher of several processes hands on
     if args.command is None:
         parser.print_help()
         return 0

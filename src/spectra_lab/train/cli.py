@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from spectra.validate import check_int
+from spectra_lab.errors import CLIError
 from spectra_lab.train.config import (
     LOGGERS,
     PARALLEL_MODES,
@@ -60,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue the run in --out from its latest checkpoint",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="train in N processes on this machine (DDP or --parallel fsdp2), as torchrun "
+        "--standalone would, with one line per failure",
     )
     parser.add_argument(
         "--overwrite",
@@ -128,6 +138,14 @@ def run(args: argparse.Namespace) -> int:
     from spectra_lab.train.trainer import train
 
     cfg = config_from_args(args)
+    nproc = args.nproc_per_node
+    if nproc is not None and "RANK" not in os.environ:
+        try:
+            check_int("--nproc-per-node", nproc, low=1)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        cfg.accumulation(nproc)  # a bad global batch: one line, before any process starts
+        return launch(nproc, strip_flag(args.argv, "--nproc-per-node"))
     cfg.accumulation(int(os.environ.get("WORLD_SIZE", "1")))  # a bad global batch: one line now
     result = train(cfg)
     if result.rank == 0 and result.val_loss is not None:
@@ -135,4 +153,50 @@ def run(args: argparse.Namespace) -> int:
             f"final validation loss {result.val_loss:.4f} | perplexity {result.val_ppl:.2f} "
             f"| step {result.step} | run {result.run_dir}"
         )
+    return 0
+
+
+def strip_flag(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag VALUE`` / ``flag=VALUE``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(f"{flag}="):
+            out.append(arg)
+    return out
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """Run ``spectra <argv>`` in ``nproc`` processes on this machine, as ``torchrun
+    --standalone --nproc-per-node nproc`` would (torch's elastic launcher), and return the
+    first failed process's exit status. The processes report their own errors (rank 0, one
+    line); the launcher adds none of its own."""
+    import logging
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for its processes
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+    )
+    try:
+        elastic_launch(config, sys.executable)("-m", "spectra_lab", *argv)
+    except ChildFailedError as exc:
+        return exc.get_first_failure()[1].exitcode or 1
+    except SignalException as exc:  # the processes saved and reported; the status is theirs
+        return 128 + int(exc.sigval)
     return 0
