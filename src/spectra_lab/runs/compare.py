@@ -7,13 +7,12 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import math
 import statistics
 from pathlib import Path
 
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
-from spectra_lab.runs.records import read_jsonl
+from spectra_lab.runs.records import perplexity, read_jsonl
 from spectra_lab.runs.scores import read_scores
 
 
@@ -54,10 +53,11 @@ def plot_comparison(runs: list[Path], labels: list[str], out: Path) -> list[tupl
             [r["step"] for r in evals],
             [r["val_loss"] for r in evals],
             "o-",
-            label=f"{label}: {final:.4f} (ppl {math.exp(final):.1f})",
+            label=f"{label}: {final:.4f} (ppl {perplexity(final):.1f})",
         )
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss")
+    ax.set_title("validation loss of each run (legend: final loss and perplexity)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("validation loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         times = [step_times(r) for r in runs]
         finals = plot_comparison(runs, labels, Path(args.out))
         for (label, final), t in zip(finals, times, strict=True):
-            line = f"{label}: final validation loss {final:.4f} | perplexity {math.exp(final):.2f}"
+            ppl = perplexity(final)
+            line = f"{label}: final validation loss {final:.4f} | perplexity {ppl:.2f}"
             if t is not None and times[0] is not None:
                 line += (
                     f" | median step {t[0]:.3f} s (x{t[0] / times[0][0]:.3f} of {labels[0]}),"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,3 +15,12 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+#: the largest x whose exp(x) is a finite float64
+MAX_LOG_FLOAT = math.log(sys.float_info.max)
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)``; ``inf`` where it overflows a float (a diverged run's loss)."""
+    return math.exp(loss) if loss < MAX_LOG_FLOAT else math.inf

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from spectra_lab.files import atomic_write, write_json_atomic
-from spectra_lab.runs.records import read_jsonl
+from spectra_lab.runs.records import perplexity, read_jsonl
 from spectra_lab.train.config import TrainConfig
 from spectra_lab.train.loggers import open_loggers, scalars
 from spectra_lab.train.runtime import Runtime
@@ -145,15 +145,6 @@ def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     atomic_write(path, buf.getvalue())
-
-
-def perplexity(loss: float) -> float:
-    """``exp(loss)``; ``inf`` where it overflows a float (a diverged run's loss)."""
-    return math.exp(loss) if loss < MAX_LOG_FLOAT else math.inf
-
-
-#: the largest x whose exp(x) is a finite float64
-MAX_LOG_FLOAT = math.log(sys.float_info.max)
 
 
 class RunLog:
