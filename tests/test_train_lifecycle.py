@@ -278,3 +278,31 @@ def test_sweep_workers_label_their_lines():
     stream.write("tail")
     stream.flush()
     assert sink.text == "[lr=1e-3] step 1 | loss 3.0\n[lr=1e-3] step 2 | loss 2.9\n[lr=1e-3] tail"
+
+
+def test_the_progress_bar_moves_once_per_report(tmp_path):
+    """Ten steps reported together move the bar by ten in one update, so that its rate (and
+    time left) is that of the ten steps, not of the last one alone."""
+    import torch
+
+    from spectra_lab.train.metrics import RunLog
+    from spectra_lab.train.trainer import Pending, report
+
+    class Rank0:
+        is_main, world_size, device = True, 1, "cpu"
+
+    cfg = TrainConfig(out_dir=str(tmp_path), steps=20, progress=True)
+    about = {"parameters": 10, "tokens_per_step": 5}
+    with RunLog(tmp_path, cfg, Rank0(), 0, about) as log:
+        moves: list[int] = []
+        log.bar.update = moves.append
+        pending = [
+            Pending(
+                {"step": s, "tokens": 5 * s, "loss": torch.tensor(2.0), "lr": 1e-3,
+                 "grad_norm": torch.tensor(1.0), "tokens_per_s": 100.0},
+                {},
+            )
+            for s in range(1, 11)
+        ]  # fmt: skip
+        report(pending, log, None, cfg)
+    assert moves == [10] and pending == []
