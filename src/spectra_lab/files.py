@@ -3,20 +3,27 @@
 Every file the harness writes goes through :func:`atomic_path`: the content goes to a
 temporary name in the target's folder, is flushed to disk, and is renamed over the target
 with ``os.replace`` when the writer finishes without error; on error the temporary file is
-removed. :func:`atomic_write` is the common case of a file written in one piece, and
-:func:`write_json_atomic` that of a JSON document.
+removed. :func:`atomic_write` is the common case of a file written in one piece,
+:func:`write_json_atomic` that of a JSON document, :func:`write_csv` that of a table and
+:func:`save_figure` that of a matplotlib figure.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import math
 import os
 import secrets
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # matplotlib is imported by the code that draws, not by this module
+    from matplotlib.figure import Figure
 
 
 @contextlib.contextmanager
@@ -65,3 +72,47 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     """Write ``obj`` as indented JSON (through :func:`jsonable`) to ``path`` atomically."""
     text = json.dumps(jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
     return atomic_write(path, text + "\n")
+
+
+def write_csv(
+    path: str | os.PathLike,
+    header: Sequence[str],
+    rows: Iterable[Sequence[Any] | Mapping[str, Any]],
+    *,
+    float_format: str | None = None,
+) -> Path:
+    """Write a CSV table (a header line, then one line per row) to ``path`` atomically.
+
+    A row is a sequence of values in the order of ``header``, or a mapping from column name to
+    value: then the values are taken by the names in ``header`` (a missing one is empty, an
+    extra key is left out). Floats are written with ``format(v, float_format)`` when it is
+    given (e.g. ``".10g"``), otherwise as Python prints them (``repr``, which reads back
+    exactly). Lines end in ``\n``. Returns the path.
+    """
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        values = [row.get(k, "") for k in header] if isinstance(row, Mapping) else row
+        if float_format is not None:
+            values = [format(v, float_format) if isinstance(v, float) else v for v in values]
+        writer.writerow(values)
+    return atomic_write(path, buf.getvalue())
+
+
+def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Save a matplotlib figure to ``path`` atomically and close it; returns the path.
+
+    The format follows the suffix (``.png``, ``.pdf``, ``.svg``, ...; PNG when there is none).
+    The figure is closed (its memory released by pyplot) whether or not saving succeeds.
+    """
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=dpi)
+    finally:
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:
+            pyplot.close(fig)
+    return path
