@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from spectra_lab.errors import CLIError
-from spectra_lab.files import write_json_atomic
+from spectra_lab.files import save_figure, write_json_atomic
 from spectra_lab.train.cli import add_config_arguments, config_from_args
 from spectra_lab.train.config import TrainConfig, load_saved_config
 
@@ -115,7 +115,6 @@ def run_recording(args: argparse.Namespace) -> int:
     from spectra_lab.analyze.plots import (
         noise_distance_figure,
         noise_spectra_figure,
-        save_figure,
         spectra_figure,
     )
     from spectra_lab.analyze.recorders import NoiseRecorder, SpectraRecorder, record_steps
@@ -257,7 +256,7 @@ def load_norms(run: Path, label: str | None) -> dict[str, Any]:
 
 
 def run_norms(args: argparse.Namespace) -> int:
-    from spectra_lab.analyze.plots import norms_figure, save_figure
+    from spectra_lab.analyze.plots import norms_figure
 
     runs = [Path(r) for r in args.runs]
     labels = args.labels or [None] * len(runs)

@@ -3,10 +3,7 @@ written atomically as PNG: one row per layer, one column per recorded step."""
 
 from __future__ import annotations
 
-import io
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -16,18 +13,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from spectra_lab.files import atomic_write
-
 SIGNAL_COLOR, NOISE_COLOR = "tab:blue", "tab:red"
 #: singular values below this fraction of the largest are round-off zeros (not drawn, counted)
 ZERO_RATIO = 1e-12
-
-
-def save_figure(fig: plt.Figure, path: str | os.PathLike, dpi: int = 90) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    return atomic_write(path, buf.getvalue())
 
 
 def _grid(layers: list[str], steps: list[int]) -> tuple[plt.Figure, np.ndarray]:

@@ -32,7 +32,7 @@ from spectra.ops import orthogonalize, soft_clip
 from spectra.ops._common import single_thread_lapack
 from spectra.ops.spectral import polar_steps
 from spectra.validate import check_int, check_number
-from spectra_lab.files import atomic_write
+from spectra_lab.files import atomic_write, save_figure
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "768x768": (768, 768),
@@ -276,8 +276,6 @@ def pareto_plot(cells: list[Cell], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from spectra_lab.files import atomic_path
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
     names = [n for n in dict.fromkeys(c.method for c in cells) if not n.startswith("orth")]
     for name in names:
@@ -299,10 +297,7 @@ def pareto_plot(cells: list[Cell], path: str) -> None:
     ax.set_title("soft clipping: error against time (dots: inputs; stars: medians)")
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    suffix = path.rsplit(".", 1)[-1] if "." in path else "png"
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=suffix, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def sizes_plot(cells: list[Cell], path: str, note: str) -> None:
@@ -316,8 +311,6 @@ def sizes_plot(cells: list[Cell], path: str, note: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
-
-    from spectra_lab.files import atomic_path
 
     groups = list(dict.fromkeys((c.dtype, c.input) for c in cells))
     names = list(dict.fromkeys(c.method for c in cells))
@@ -354,10 +347,7 @@ def sizes_plot(cells: list[Cell], path: str, note: str) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    suffix = path.rsplit(".", 1)[-1] if "." in path else "png"
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=suffix, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def sizes_table(cells: list[Cell]) -> str:

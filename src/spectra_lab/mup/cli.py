@@ -8,7 +8,7 @@ from pathlib import Path
 
 from spectra.validate import check_int
 from spectra_lab.errors import CLIError
-from spectra_lab.files import write_json_atomic
+from spectra_lab.files import save_figure, write_json_atomic
 from spectra_lab.train.cli import add_config_arguments, config_from_args
 
 DEFAULT_WIDTHS = (64, 128, 256, 512, 1024)
@@ -37,7 +37,6 @@ COORD_DEFAULTS = {"preset": "tiny", "steps": 6, "lr": 1e-2, "optimizer": "adamw"
 
 
 def run(args: argparse.Namespace) -> int:
-    from spectra_lab.analyze.plots import save_figure
     from spectra_lab.mup.coord import coord_check, coord_figure, growth
     from spectra_lab.train.trainer import model_config_of
 

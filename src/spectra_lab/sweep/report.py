@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from spectra_lab.files import atomic_path, atomic_write
+from spectra_lab.files import atomic_write, save_figure
 from spectra_lab.runs.records import read_jsonl
 from spectra_lab.sweep.grid import Run, label, status, summary
 
@@ -154,9 +154,7 @@ def plot_curves(runs: list[Run], report: dict[str, Any], path: Path) -> None:
         if finite:  # the early, very high losses would flatten the differences that matter
             ax.set_ylim(min(finite) - 0.05, min(max(finite), min(finite) + 1.5))
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_tuning(report: dict[str, Any], path: Path, lines: str | None = None) -> bool:
@@ -212,9 +210,7 @@ def plot_tuning(report: dict[str, Any], path: Path, lines: str | None = None) ->
     fig.suptitle(f"final validation loss against {tune} (mean ± std over seeds; * best)",
                  fontsize=9)  # fmt: skip
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return True
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from spectra.validate import check_int
-from spectra_lab.files import write_json_atomic
+from spectra_lab.files import save_figure, write_csv, write_json_atomic
 from spectra_lab.synth.experiments import (
     FW_CURVE_HEADER,
     SPIKE_CURVE_HEADER,
@@ -28,7 +28,7 @@ from spectra_lab.synth.experiments import (
     spike_curve_rows,
     spike_grid_rows,
 )
-from spectra_lab.synth.files import torch_threads, write_csv_atomic
+from spectra_lab.synth.files import CSV_FLOATS, torch_threads
 
 EXPERIMENTS = {
     "fw": "constrained optimization with weight regularization (composite Frank–Wolfe)",
@@ -78,7 +78,7 @@ def _progress_bar(total: int, args: argparse.Namespace) -> tqdm:
 
 
 def run_fw(args: argparse.Namespace) -> list[Path]:
-    from spectra_lab.synth.plots import fw_figure, save_figure
+    from spectra_lab.synth.plots import fw_figure
 
     cfg = fw_config(args)
     n_tasks = 2 * len(cfg.radii) * len(cfg.regs) + len(cfg.regs)
@@ -91,7 +91,9 @@ def run_fw(args: argparse.Namespace) -> list[Path]:
         res = run_fw_experiment(cfg, progress)
     out: Path = args.out
     written = [
-        write_csv_atomic(out / "fw_curves.csv", FW_CURVE_HEADER, fw_curve_rows(res)),
+        write_csv(
+            out / "fw_curves.csv", FW_CURVE_HEADER, fw_curve_rows(res), float_format=CSV_FLOATS
+        ),
         write_json_atomic(out / "fw_summary.json", res.summary),
     ]
     for radius in cfg.radii:
@@ -104,7 +106,7 @@ def run_fw(args: argparse.Namespace) -> list[Path]:
 
 
 def run_spikes(args: argparse.Namespace) -> list[Path]:
-    from spectra_lab.synth.plots import save_figure, spike_figure, tuning_figure
+    from spectra_lab.synth.plots import spike_figure, tuning_figure
     from spectra_lab.synth.spikes import MOMENTUM_METHODS, SGD_METHODS
 
     cfg = spike_config(args)
@@ -117,8 +119,18 @@ def run_spikes(args: argparse.Namespace) -> list[Path]:
         res = run_spike_experiment(cfg, progress)
     out: Path = args.out
     return [
-        write_csv_atomic(out / "spikes_grid.csv", SPIKE_GRID_HEADER, spike_grid_rows(res)),
-        write_csv_atomic(out / "spikes_curves.csv", SPIKE_CURVE_HEADER, spike_curve_rows(res)),
+        write_csv(
+            out / "spikes_grid.csv",
+            SPIKE_GRID_HEADER,
+            spike_grid_rows(res),
+            float_format=CSV_FLOATS,
+        ),
+        write_csv(
+            out / "spikes_curves.csv",
+            SPIKE_CURVE_HEADER,
+            spike_curve_rows(res),
+            float_format=CSV_FLOATS,
+        ),
         write_json_atomic(out / "spikes_summary.json", res.summary),
         save_figure(spike_figure(res, SGD_METHODS), out / "spikes_sgd.png"),
         save_figure(spike_figure(res, MOMENTUM_METHODS), out / "spikes_sgdm.png"),

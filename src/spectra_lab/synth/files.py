@@ -1,30 +1,15 @@
-"""Result files of the experiments (CSV; JSON is ``spectra_lab.files.write_json_atomic``),
-written atomically by ``spectra_lab.files``."""
+"""How the experiments write and run: the float format of their CSV files (written by
+``spectra_lab.files.write_csv``) and the torch thread count of their small matrices."""
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import os
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import torch
 
-from spectra_lab.files import atomic_write
-
-
-def write_csv_atomic(
-    path: str | os.PathLike, header: Sequence[str], rows: Iterator[Sequence[Any]] | list
-) -> Path:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
-    for row in rows:
-        writer.writerow([f"{v:.10g}" if isinstance(v, float) else v for v in row])
-    return atomic_write(path, buf.getvalue())
+#: how the experiments' CSV files write floats (ten significant digits)
+CSV_FLOATS = ".10g"
 
 
 @contextlib.contextmanager

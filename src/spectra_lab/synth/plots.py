@@ -1,10 +1,7 @@
-"""Figures of the synthetic experiments (matplotlib, Agg backend), saved atomically as PNG."""
+"""Figures of the synthetic experiments (matplotlib, Agg backend); the CLI saves them
+with ``spectra_lab.files.save_figure``."""
 
 from __future__ import annotations
-
-import io
-import os
-from pathlib import Path
 
 import matplotlib
 import torch
@@ -12,7 +9,6 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from spectra_lab.files import atomic_write
 from spectra_lab.synth.experiments import FWResults, SpikeResults
 
 METHOD_LABELS = {
@@ -23,13 +19,6 @@ METHOD_LABELS = {
     "sgdm_pre_clip": "SGD-M + spectral pre-clip",
 }
 RESIDUAL_FLOOR = 1e-16  # residuals at or below float64 round-off are drawn here
-
-
-def save_figure(fig: plt.Figure, path: str | os.PathLike, dpi: int = 90) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    return atomic_write(path, buf.getvalue())
 
 
 def fw_figure(res: FWResults, mode: str, radius: float) -> plt.Figure:

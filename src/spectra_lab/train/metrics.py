@@ -16,7 +16,6 @@ loggers of ``cfg.loggers`` (TensorBoard, W&B; see ``loggers.py``).
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import secrets
@@ -26,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from spectra_lab.files import atomic_write, write_json_atomic
+from spectra_lab.files import atomic_write, save_figure, write_csv, write_json_atomic
 from spectra_lab.runs.records import perplexity, read_jsonl
 from spectra_lab.train.config import TrainConfig
 from spectra_lab.train.loggers import open_loggers, scalars
@@ -54,15 +53,6 @@ TRAIN_COLUMNS = (
 EVAL_COLUMNS = ("step", "tokens", "val_loss", "val_ppl", "t_eval")
 
 
-def _csv_text(columns: tuple[str, ...], records: list[dict[str, Any]]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for r in records:
-        writer.writerow(r)
-    return out.getvalue()
-
-
 class MetricsWriter:
     """Appends records to the run directory's metrics files (rank 0 only)."""
 
@@ -78,8 +68,8 @@ class MetricsWriter:
         self.eval_records = [r for r in kept if r["kind"] == "eval"]
         # Start from a consistent state: rewrite (atomically) whatever is kept.
         atomic_write(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
-        atomic_write(self.train_csv, _csv_text(TRAIN_COLUMNS, self.train_records))
-        atomic_write(self.eval_csv, _csv_text(EVAL_COLUMNS, self.eval_records))
+        write_csv(self.train_csv, TRAIN_COLUMNS, self.train_records)
+        write_csv(self.eval_csv, EVAL_COLUMNS, self.eval_records)
 
     def log(self, kind: str, record: dict[str, Any]) -> None:
         record = {"kind": kind, **record}
@@ -100,8 +90,49 @@ class MetricsWriter:
         plot_curves(self.dir / "loss.png", self.train_records, self.eval_records)
 
 
+#: a loss curve spanning more than this factor (a diverging run) is drawn on a log scale
+LOG_SCALE_RATIO = 20.0
+
+
+def _smoothed(values: list[float], window: int) -> list[float]:
+    """The trailing moving average of ``values`` over ``window`` points."""
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+        for i in range(len(values))
+    ]
+
+
+def _draw_validation(ax: Any, evals: list[dict[str, Any]]) -> None:
+    """The validation losses as points; those that are not finite as crosses on the top edge."""
+    steps = [r["step"] for r in evals]
+    losses = [float(r["val_loss"]) for r in evals]
+    ax.plot(steps, losses, "o-", color="tab:red", label="validation")
+    bad = [s for s, v in zip(steps, losses, strict=True) if not math.isfinite(v)]
+    if bad:
+        top = ax.get_xaxis_transform()  # x in data, y in axes fraction
+        ax.plot(bad, [0.97] * len(bad), "x", ms=9, mew=2, color="tab:red", transform=top,
+                clip_on=False, gid="not finite", label="validation: inf or nan")  # fmt: skip
+    last = losses[-1]
+    ppl = perplexity(last) if not math.isnan(last) else math.nan
+    ax.set_title(f"final validation loss {last:.4g}, perplexity {ppl:.4g}", fontsize=10)
+
+
+def _loss_scale(ax: Any) -> None:
+    """A log y-scale when the finite losses drawn span more than :data:`LOG_SCALE_RATIO`."""
+    drawn = [line.get_ydata() for line in ax.lines if line.get_gid() != "not finite"]
+    ys = [y for values in drawn for y in values if math.isfinite(y)]
+    if ys and min(ys) > 0 and max(ys) / min(ys) > LOG_SCALE_RATIO:
+        ax.set_yscale("log")
+        ax.set_ylabel("loss (nats per token, log scale)")
+
+
 def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
-    """Training/validation loss and learning rate against step, written atomically."""
+    """Training/validation loss and learning rate against step, written atomically.
+
+    Losses of any size are drawn: a curve spanning more than :data:`LOG_SCALE_RATIO` goes on
+    a log scale, an inf or nan validation loss is a cross on the top edge, and the title's
+    perplexity is ``inf`` past a float's range.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,41 +141,27 @@ def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[
     fig, (ax_loss, ax_lr) = plt.subplots(
         2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
+    ax_loss.set_ylabel("loss (nats per token)")
     if train:
         steps = [r["step"] for r in train]
-        losses = [r["loss"] for r in train]
+        losses = [float(r["loss"]) for r in train]
         ax_loss.plot(steps, losses, lw=0.8, alpha=0.5, label="train (per step)")
         window = max(1, len(losses) // 50)
-        if window > 1:  # trailing moving average
-            smooth = [
-                sum(losses[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
-                for i in range(len(losses))
-            ]
-            ax_loss.plot(steps, smooth, lw=1.5, label=f"train (mean of {window})")
+        if window > 1:
+            smooth = _smoothed(losses, window)
+            ax_loss.plot(steps, smooth, lw=1.5, label=f"train (mean of last {window})")
         ax_lr.plot(steps, [r["lr"] for r in train], lw=1.2, color="tab:green")
     if evals:
-        ax_loss.plot(
-            [r["step"] for r in evals],
-            [r["val_loss"] for r in evals],
-            "o-",
-            color="tab:red",
-            label="validation",
-        )
-        last = evals[-1]
-        ax_loss.set_title(
-            f"final val loss {last['val_loss']:.4f}, ppl {math.exp(last['val_loss']):.2f}"
-        )
-    ax_loss.set_ylabel("loss")
-    ax_loss.legend(loc="upper right")
+        _draw_validation(ax_loss, evals)
+    _loss_scale(ax_loss)
+    if ax_loss.lines:
+        ax_loss.legend(loc="best", fontsize=8)
     ax_loss.grid(alpha=0.3)
-    ax_lr.set_ylabel("lr")
+    ax_lr.set_ylabel("learning rate")
     ax_lr.set_xlabel("step")
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(fig, path, dpi=110)
 
 
 class RunLog:
