@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import types
 from pathlib import Path
@@ -36,7 +37,10 @@ def test_bench_ops_quick_writes_a_complete_table(tmp_path, capsys):
     spiked = [c for c in cells if c["input"] == "adam_spike" and c["method"] == "paper_fp32"]
     assert all(c["rel_err"] > 0.5 for c in spiked)
     printed = capsys.readouterr().out
-    assert "| shape | dtype | input |" in printed
+    for title in ("Median time of one call (ms)", "Time ÷ time of paper_fp32", "Relative"):
+        assert title in printed
+    assert "Summary over all rows" in printed and "Reading the tables:" in printed
+    assert max(len(line) for line in printed.splitlines()) <= 100  # a 100-column terminal
     assert not list(tmp_path.glob(".bench-*"))  # the temporary file was renamed away
 
 
@@ -84,15 +88,16 @@ def test_bench_ops_sizes_times_square_inputs_and_draws_the_figure(tmp_path, caps
             assert c["rel_err"] <= 1e-2
     assert png.read_bytes().startswith(b"\x89PNG")
     printed = capsys.readouterr().out
-    assert "| 16x16 | fp32 | adam_spike |" in printed  # the usual table, n x n shapes
+    assert re.search(r"^16x16 +fp32 +adam_spike", printed, re.M)  # the usual tables, n x n
+    assert "Median time (ms) against n" in printed
+    assert max(len(line) for line in printed.splitlines()) <= 100
     # the sizes table: median ms per method and the SSC/orthogonalization ratios
+    table = bench_ops.sizes_table([bench_ops.Cell(**c) for c in cells])
     ms = {(c["method"], c["shape"]): c["time_ms"] for c in cells}
-    row = next(
-        line for line in printed.splitlines() if line.startswith("| fp32 | adam_spike | 32 |")
-    )
+    row = next(line for line in table.splitlines() if line.startswith("| fp32 | adam_spike | 32 |"))
     ratio = ms["paper_fp32", "32x32"] / ms["orth_muon_fp32", "32x32"]
     assert row.rstrip(" |").split(" | ")[-2] == f"{ratio:.2f}"
-    assert "paper_bf16/orth_muon | paper_fp32/orth_muon_fp32 | auto/orth_muon_fp32 |" in printed
+    assert "paper_bf16/orth_muon | paper_fp32/orth_muon_fp32 | auto/orth_muon_fp32 |" in table
 
 
 def test_bench_ops_sizes_follow_inputs_and_dtypes(tmp_path):

@@ -41,6 +41,7 @@ from spectra.ops.polar import inverse_sqrt_schedule
 from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
 from spectra_lab.bench.ops import matmul_flops
 from spectra_lab.bench.optim import llama_shapes
+from spectra_lab.bench.tables import markdown_table
 
 PEAK_TFLOPS = {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0, "fp64": 67.0}
 WRAPPER_LAUNCHES = 6  # the paper wrapper's clone, recovery and update, per matrix
@@ -144,21 +145,18 @@ def table(sigmas: tuple[float, ...], efficiency: float, t_launch_us: float) -> s
 
 def format_report(data: dict) -> str:
     """The Markdown table of a :func:`report` (also of one read back from ``--json``)."""
-    lines = [
-        f"H100 SXM model (not measured): efficiency {data['efficiency']:.0%} of peak, "
-        f"{data['launch_us']:g} µs per launch",
-        "",
-        "| model | σ_max/c | method | GFLOP | launches | ms (math + launch) | ÷ paper bf16 |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
+    rows = []
     for r in data["rows"]:
         label = f"{r['method']} (K={r['steps']})" if "steps" in r else r["method"]
-        lines.append(
-            f"| {r['model']} | {r['sigma_over_c']:g} | {label} | {r['gflop']:.0f} "
-            f"| {r['launches']:.0f} | {r['ms']:.1f} ({r['ms_math']:.1f} + {r['ms_launch']:.1f}) "
-            f"| {r['vs_paper_bf16']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+        ms = f"{r['ms']:.1f} ({r['ms_math']:.1f} + {r['ms_launch']:.1f})"
+        rows.append([r["model"], f"{r['sigma_over_c']:g}", label, f"{r['gflop']:.0f}",
+                     f"{r['launches']:.0f}", ms, f"{r['vs_paper_bf16']:.2f}"])  # fmt: skip
+    head = ["model", "σ_max/c", "method", "GFLOP", "launches", "ms (math + launch)"]
+    title = (
+        f"H100 SXM model (not measured): efficiency {data['efficiency']:.0%} of peak, "
+        f"{data['launch_us']:g} µs per launch"
+    )
+    return f"{title}\n\n" + markdown_table([*head, "÷ paper bf16"], rows, "lrlrrrr")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

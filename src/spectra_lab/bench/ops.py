@@ -32,6 +32,7 @@ from spectra.ops import orthogonalize, soft_clip
 from spectra.ops._common import single_thread_lapack
 from spectra.ops.spectral import polar_steps
 from spectra.validate import check_int, check_number
+from spectra_lab.bench.tables import markdown_table, text_table
 from spectra_lab.files import atomic_write, save_figure
 
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -350,34 +351,43 @@ def sizes_plot(cells: list[Cell], path: str, note: str) -> None:
     save_figure(fig, path, dpi=120)
 
 
-def sizes_table(cells: list[Cell]) -> str:
-    """Markdown: one line per (dtype, input, N) with each method's median ms and the
-    soft-clipping/orthogonalization time ratios of :data:`SIZE_RATIOS` present in the cells."""
+def _sizes_rows(cells: list[Cell]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the ``--sizes`` table (see :func:`sizes_table`)."""
     names = list(dict.fromkeys(c.method for c in cells))
     pairs = [(a, b) for a, b in SIZE_RATIOS if a in names and b in names]
     head = ["dtype", "input", "n", *(f"{n} ms" for n in names), *(f"{a}/{b}" for a, b in pairs)]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     groups: dict[tuple[str, str, int], dict[str, float]] = {}
     for c in cells:
         groups.setdefault((c.dtype, c.input, square_size(c.shape)), {})[c.method] = c.time_ms
+    rows = []
     for (dtype, kind, n), ms in groups.items():
         parts = [f"{ms[name]:.4g}" if name in ms else "skipped" for name in names]
         parts += [f"{ms[a] / ms[b]:.2f}" if a in ms and b in ms else "-" for a, b in pairs]
-        lines.append(f"| {dtype} | {kind} | {n} | " + " | ".join(parts) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([dtype, kind, str(n), *parts])
+    return head, rows
+
+
+def sizes_table(cells: list[Cell]) -> str:
+    """Markdown: one line per (dtype, input, N) with each method's median ms and the
+    soft-clipping/orthogonalization time ratios of :data:`SIZE_RATIOS` present in the cells."""
+    head, rows = _sizes_rows(cells)
+    return markdown_table(head, rows, "llr" + "r" * (len(head) - 3))
+
+
+def _by_input(cells: list[Cell]) -> dict[tuple[str, str, str], dict[str, Cell]]:
+    """The cells grouped by input matrix ``(shape, dtype, input)``, then by method."""
+    groups: dict[tuple[str, str, str], dict[str, Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.shape, cell.dtype, cell.input), {})[cell.method] = cell
+    return groups
 
 
 def to_markdown(cells: list[Cell]) -> str:
     """One line per (shape, dtype, input); a method's cell is ``ms (×paper bf16, ×paper fp32)
     error``, with ``-`` where the paper's bf16 run was skipped."""
     names = list(dict.fromkeys(cell.method for cell in cells))
-    head = "| shape | dtype | input | σ_max/c | " + " | ".join(names) + " |"
-    sep = "|" + "---|" * (4 + len(names))
-    lines = [head, sep]
-    groups: dict[tuple[str, str, str], dict[str, Cell]] = {}
-    for cell in cells:
-        groups.setdefault((cell.shape, cell.dtype, cell.input), {})[cell.method] = cell
-    for (shape, dtype, kind), by_name in groups.items():
+    rows = []
+    for (shape, dtype, kind), by_name in _by_input(cells).items():
         parts = []
         for name in names:
             cell = by_name.get(name)
@@ -389,17 +399,12 @@ def to_markdown(cells: list[Cell]) -> str:
                 f"{cell.time_ms:.4g} ms (×{bf}, ×{cell.vs_paper_fp32:.2f}) {cell.rel_err:.1e}"
             )
         s_over_c = next(iter(by_name.values())).sigma_over_c
-        lines.append(f"| {shape} | {dtype} | {kind} | {s_over_c:.3g} | " + " | ".join(parts) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([shape, dtype, kind, f"{s_over_c:.3g}", *parts])
+    return markdown_table(["shape", "dtype", "input", "σ_max/c", *names], rows)
 
 
-def summary(cells: list[Cell]) -> str:
-    """Per method: median and worst time ratios and the worst error, over all cells."""
-    lines = [
-        "| method | cells | median ×paper bf16 | median ×paper fp32 | max ×paper fp32 "
-        "| max error |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+def _summary_rows(cells: list[Cell]) -> list[list[str]]:
+    rows = []
     for name in dict.fromkeys(c.method for c in cells):
         mine = [c for c in cells if c.method == name]
         bf = [c.vs_paper_bf16 for c in mine if not math.isnan(c.vs_paper_bf16)]
@@ -408,8 +413,80 @@ def summary(cells: list[Cell]) -> str:
         med_fp = f"{statistics.median(fp):.2f}" if fp else "-"
         max_fp = f"{max(fp):.2f}" if fp else "-"
         worst = max(c.rel_err for c in mine)
-        lines.append(f"| {name} | {len(mine)} | {med_bf} | {med_fp} | {max_fp} | {worst:.1e} |")
-    return "\n".join(lines) + "\n"
+        rows.append([name, str(len(mine)), med_bf, med_fp, max_fp, f"{worst:.1e}"])
+    return rows
+
+
+def summary(cells: list[Cell]) -> str:
+    """Per method: median and worst time ratios and the worst error, over all cells."""
+    head = ["method", "cells", "median ×paper bf16", "median ×paper fp32", "max ×paper fp32"]
+    return markdown_table([*head, "max error"], _summary_rows(cells), "lrrrrr")
+
+
+#: the printed tables, one per measure: (title, the cell's value as text, with σ_max/c)
+MEASURES: tuple[tuple[str, Callable[[Cell], str], bool], ...] = (
+    ("Median time of one call (ms)", lambda c: f"{c.time_ms:.3g}", False),
+    (
+        "Time ÷ time of paper_fp32 on the same matrix\n"
+        "(below 1: faster than the paper's Algorithm 1 with float32 products)",
+        lambda c: "-" if math.isnan(c.vs_paper_fp32) else f"{c.vs_paper_fp32:.2f}",
+        False,
+    ),
+    (
+        "Relative Frobenius error against the float64 SVD result of the same input",
+        lambda c: f"{c.rel_err:.1e}",
+        True,
+    ),
+)
+
+
+def _two_lines(name: str, longest: int = 9) -> str:
+    """A method name as a column header: cut at its last ``_`` when longer than ``longest``."""
+    head, sep, tail = name.rpartition("_")
+    return f"{head}{sep}\n{tail}" if len(name) > longest and sep else name
+
+
+LEGEND = """\
+Reading the tables: a row is one input matrix: its shape, the dtype it is rounded to and
+passed in, and its kind (adam_spike, sign, gauss: synthetic; OPTIMIZER@STEP/LAYER: an update
+direction recorded from a cpu-small run); a column is one method (--methods), c = {c:g}.
+  paper_fp32, paper_bf16  the paper's Algorithm 1 (N_s = 10) with float32 / bf16 products
+  orth_*                  orthogonalization (UVᵀ); their error is against the exact UVᵀ
+  error                   ‖Y − ref‖_F / ‖ref‖_F, ref computed in float64 from one SVD of the
+                          same (dtype-rounded) input; bf16 rounding alone gives ≈ 1.7e-3,
+                          and the accuracy bar is 1e-2
+  σ_max/c                 the input's largest singular value over c
+  skipped                 not run: paper_bf16's estimated time exceeds --budget
+  summary                 per method over all rows: median and max time ÷ paper_bf16 and
+                          ÷ paper_fp32 (- where paper_bf16 never ran), and the worst error
+"""
+
+
+def terminal_report(cells: list[Cell], sizes: bool = False) -> str:
+    """The tables of a run set for a terminal of ``tables.TERMINAL_WIDTH`` (100) columns: one per
+    measure (time, time ratio, error), the per-method summary, with ``sizes`` the
+    time-against-size table, and a legend."""
+    names = list(dict.fromkeys(cell.method for cell in cells))
+    parts = []
+    for title, value, with_sigma in MEASURES:
+        rows = []
+        for (shape, dtype, kind), by_name in _by_input(cells).items():
+            keys = [shape, dtype, kind]
+            if with_sigma:
+                keys.append(f"{next(iter(by_name.values())).sigma_over_c:.3g}")
+            rows.append([*keys, *(value(by_name[n]) if n in by_name else "skipped" for n in names)])
+        keys = ["shape", "dtype", "input", *(["σ_max/c"] if with_sigma else [])]
+        head = [*keys, *map(_two_lines, names)]
+        parts.append(f"{title}\n" + text_table(head, rows, keys=len(keys), align="lllr"))
+    head = ["method", "rows", "median ÷paper_bf16", "median ÷paper_fp32", "max ÷paper_fp32"]
+    summary_table = text_table([*head, "max error"], _summary_rows(cells))
+    parts.append("Summary over all rows\n" + summary_table)
+    if sizes:
+        head, rows = _sizes_rows(cells)
+        head = [h.replace(" ms", "\nms").replace("/", "/\n") for h in head]
+        title = "Median time (ms) against n, and time ratios (A/B: A's time ÷ B's at that n)"
+        parts.append(f"{title}\n" + text_table(head, rows, 3))
+    return "\n".join(parts) + "\n" + LEGEND.format(c=CLIP_C)
 
 
 def matmul_flops(method: str, shape: tuple[int, ...], steps: int = 0, fp64_redo: bool = False):
@@ -439,25 +516,18 @@ def matmul_flops(method: str, shape: tuple[int, ...], steps: int = 0, fp64_redo:
 
 def flop_table(shapes: dict[str, tuple[int, ...]], inputs: tuple[str, ...]) -> str:
     """Markdown table: GFLOP of the matmul-only methods and polar's steps on each input."""
-    lines = [
-        "| shape | input | polar steps K (precision) | polar GFLOP | paper GFLOP (N_s=10) "
-        "| polar/paper | orth 5 steps GFLOP |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for shape_name, shape in shapes.items():
         for kind in inputs:
             X = make_input(kind, shape).to(torch.float32)
             K, wd = polar_steps(X, CLIP_C)
-            redo = wd == torch.float64
-            polar = matmul_flops("polar", shape, K, fp64_redo=redo)
-            paper = matmul_flops("paper", shape)
-            orth = matmul_flops("orth", shape, 5)
-            lines.append(
-                f"| {shape_name} | {kind} | {K} ({str(wd).removeprefix('torch.')}) "
-                f"| {polar / 1e9:.1f} | {paper / 1e9:.1f} | {polar / paper:.2f} "
-                f"| {orth / 1e9:.1f} |"
-            )
-    return "\n".join(lines) + "\n"
+            polar = matmul_flops("polar", shape, K, fp64_redo=wd == torch.float64)
+            paper, orth = matmul_flops("paper", shape), matmul_flops("orth", shape, 5)
+            precision = str(wd).removeprefix("torch.")
+            gflop = [f"{polar / 1e9:.1f}", f"{paper / 1e9:.1f}", f"{polar / paper:.2f}"]
+            rows.append([shape_name, kind, f"{K} ({precision})", *gflop, f"{orth / 1e9:.1f}"])
+    head = ["shape", "input", "polar steps K (precision)", "polar GFLOP", "paper GFLOP (N_s=10)"]
+    return markdown_table([*head, "polar/paper", "orth 5 steps GFLOP"], rows)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -527,7 +597,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace) -> None:
+    """Refuse contradictory or out-of-range options in one line (:class:`CLIError`)."""
     from spectra_lab.errors import CLIError
 
     try:
@@ -542,43 +613,80 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--plot-sizes needs --sizes")
     if args.sizes and args.inputs and "recorded" in args.inputs:
         raise CLIError("--sizes times synthetic inputs only; 'recorded' ones have their own shapes")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    repeats = 1 if args.quick else args.repeats
+    device_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device_name.startswith("cuda") and not torch.cuda.is_available():
+        raise CLIError(f"--device {device_name}: CUDA is not available")
+
+
+def _shapes_and_kinds(args: argparse.Namespace) -> tuple[dict[str, tuple[int, ...]], tuple]:
+    """The synthetic shapes and the input kinds (``"recorded"`` among them) of the options."""
     if args.sizes:
         shapes = square_shapes(args.sizes)
     elif args.quick:
         shapes = dict(QUICK_SHAPES)
     else:
         shapes = {n: SHAPES[n] for n in args.shapes or list(SHAPES)}
-    dtypes = {n: DTYPES[n] for n in (args.dtypes or list(DTYPES))}
     default_kinds = (SIZES_INPUT,) if args.sizes else (*INPUTS, "recorded")
-    kinds = tuple(args.inputs or default_kinds)
-    synthetic = tuple(k for k in kinds if k != "recorded")
-    device_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device_name.startswith("cuda") and not torch.cuda.is_available():
-        raise CLIError(f"--device {device_name}: CUDA is not available")
-    device = torch.device(device_name)
-    if args.flops:
-        print(flop_table(shapes, synthetic), end="")
-        return 0
-    inputs = synthetic_inputs(shapes, synthetic)
+    return shapes, tuple(args.inputs or default_kinds)
+
+
+def _inputs(args: argparse.Namespace, shapes: dict, kinds: tuple) -> list[tuple[str, str, Tensor]]:
+    """The synthetic matrices and, when asked for, the recorded directions."""
+    from spectra_lab.errors import CLIError
+
+    inputs = synthetic_inputs(shapes, tuple(k for k in kinds if k != "recorded"))
     if "recorded" in kinds:
         try:
             inputs += recorded_inputs(args.inputs_file)
         except FileNotFoundError as exc:
             raise CLIError(str(exc)) from None
+    return inputs
+
+
+def _write(args: argparse.Namespace, cells: list[Cell], header: str, about: dict) -> None:
+    """The figures and the ``--out`` file (JSON: ``about`` and the cells; else Markdown)."""
+    if args.plot:
+        pareto_plot(cells, args.plot)
+    if args.plot_sizes:
+        device = torch.device(about["device"])
+        threads, where = about["threads"], about["device"]
+        if device.type == "cuda":
+            where += f" ({torch.cuda.get_device_name(device)})"
+        note = (
+            f"{where}, {threads} thread{'s' if threads > 1 else ''}, median of ≤{about['repeats']}"
+        )
+        sizes_plot(cells, args.plot_sizes, f"{note} runs, c = {CLIP_C:g}")
+    if not args.out:
+        return
+    if args.out.endswith(".json"):
+        keys = ("device", "torch", "threads", "clip_c", "matmul_gflops")
+        payload = {**{k: about[k] for k in keys}, "cells": [asdict(cell) for cell in cells]}
+        atomic_write(args.out, json.dumps(payload, indent=1) + "\n")
+    else:
+        text = to_markdown(cells) + "\n" + summary(cells)
+        atomic_write(
+            args.out, header + "\n" + text + ("\n" + sizes_table(cells) if args.sizes else "")
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``spectra bench ops``: time the methods, print the tables, write the files asked for."""
+    _check(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    repeats = 1 if args.quick else args.repeats
+    shapes, kinds = _shapes_and_kinds(args)
+    dtypes = {n: DTYPES[n] for n in (args.dtypes or list(DTYPES))}
+    device_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device_name)
+    if args.flops:
+        print(flop_table(shapes, tuple(k for k in kinds if k != "recorded")), end="")
+        return 0
     only = tuple(args.methods) if args.methods else None
     cells = run_bench(
-        inputs,
-        dtypes,
-        repeats,
-        args.budget,
-        device,
-        not args.no_progress,
-        only,
-        paper_bf16=args.paper_bf16,
-    )
+        _inputs(args, shapes, kinds), dtypes, repeats, args.budget, device,
+        not args.no_progress, only, paper_bf16=args.paper_bf16,
+    )  # fmt: skip
     rates = {
         name: matmul_rate(dt, device) / 1e9
         for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))
@@ -588,30 +696,10 @@ def run(args: argparse.Namespace) -> int:
         f"c={CLIP_C} repeats<={repeats} matmul GFLOP/s: bf16 {rates['bf16']:.0f}, "
         f"fp32 {rates['fp32']:.0f}\n"
     )
-    text = to_markdown(cells) + "\n" + summary(cells)
-    if args.sizes:
-        text += "\n" + sizes_table(cells)
-    print(header + "\n" + text, end="")
-    if args.plot:
-        pareto_plot(cells, args.plot)
-    if args.plot_sizes:
-        threads = torch.get_num_threads()
-        where = device_name
-        if device.type == "cuda":
-            where += f" ({torch.cuda.get_device_name(device)})"
-        note = f"{where}, {threads} thread{'s' if threads > 1 else ''}, median of ≤{repeats}"
-        sizes_plot(cells, args.plot_sizes, f"{note} runs, c = {CLIP_C:g}")
-    if args.out:
-        if args.out.endswith(".json"):
-            payload = {
-                "device": device_name,
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "clip_c": CLIP_C,
-                "matmul_gflops": rates,
-                "cells": [asdict(cell) for cell in cells],
-            }
-            atomic_write(args.out, json.dumps(payload, indent=1) + "\n")
-        else:
-            atomic_write(args.out, header + "\n" + text)
+    print(header + "\n" + terminal_report(cells, sizes=bool(args.sizes)), end="")
+    about = {
+        "device": device_name, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "clip_c": CLIP_C, "matmul_gflops": rates, "repeats": repeats,
+    }  # fmt: skip
+    _write(args, cells, header, about)
     return 0

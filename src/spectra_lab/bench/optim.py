@@ -353,17 +353,10 @@ def run_benchmark(
     """Run every method on ``shapes``; ratios are relative to ``torch-adamw`` when present."""
     device = torch.device(device)
     rows = []
+    options = {"device": device, "dtype": dtype, "repeats": repeats, "warmup": warmup,
+               "clip_c": clip_c, "measure_memory": measure_memory}  # fmt: skip
     for m in methods:
-        row = bench_method(
-            m,
-            shapes,
-            device=device,
-            dtype=dtype,
-            repeats=repeats,
-            warmup=warmup,
-            clip_c=clip_c,
-            measure_memory=measure_memory,
-        )
+        row = bench_method(m, shapes, **options)
         if progress is not None:
             progress(row)
         rows.append(row)
