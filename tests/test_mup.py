@@ -94,3 +94,25 @@ def test_coord_check_at_init_matches_the_closed_form(tmp_path):
     g = growth(results)
     assert set(g) == {"standard", "mup"} and "block 1" in g["mup"]
     coord_figure(results)  # draws without error
+
+
+def test_coord_check_help_shows_the_defaults_it_runs_with(capsys):
+    from spectra_lab.cli import build_parser
+    from spectra_lab.mup.cli import COORD_DEFAULTS, COORD_FIXED, coord_config
+
+    with pytest.raises(SystemExit):
+        main(["mup", "coord-check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    argv = ["mup", "coord-check", "--out", "somewhere"]
+    cfg = coord_config(build_parser(argv).parse_args(argv))
+    for name, value in COORD_DEFAULTS.items():
+        assert f"config field {name} (default {value})" in text
+        assert getattr(cfg, name) == value  # what the check really trains with
+    for name, value in COORD_FIXED.items():
+        assert getattr(cfg, name) == value
+    for name in ("schedule", "warmup_steps"):  # the fixed fields that have a flag
+        assert f"the check runs with {name} = {COORD_FIXED[name]}" in text
+    train_defaults = TrainConfig()
+    for name in ("steps", "optimizer", "lr", "preset"):  # not the training defaults
+        assert f"(default {getattr(train_defaults, name)})" not in text
+    assert cfg.plot is False and cfg.checkpoint_interval == 0

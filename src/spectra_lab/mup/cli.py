@@ -10,8 +10,17 @@ from spectra.validate import check_int
 from spectra_lab.errors import CLIError
 from spectra_lab.files import save_figure, write_json_atomic
 from spectra_lab.train.cli import add_config_arguments, config_from_args
+from spectra_lab.train.config import TrainConfig
 
 DEFAULT_WIDTHS = (64, 128, 256, 512, 1024)
+
+
+#: the check's own defaults, under --config, --set and the flags: a small model, a few steps
+#: at a large constant lr (a parametrization's flaws show within steps)
+COORD_DEFAULTS = {"preset": "tiny", "steps": 6, "lr": 1e-2, "optimizer": "adamw", "batch_size": 8}
+#: fields the check sets whatever the flags say: a constant lr, no evaluation, nothing saved
+#: but the records
+COORD_FIXED = {"schedule": "constant", "warmup_steps": 0, "clip_schedule": "constant"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="activation RMS per layer against width, standard vs μP",
         description=(
             "Train the same small model at several widths for a few steps, with the standard "
-            "parametrization and with μP, and plot each layer's activation RMS against width."
+            "parametrization and with μP, and plot each layer's activation RMS against width. "
+            "The defaults shown are the check's own (a tiny model, a few steps at a large "
+            "constant lr), not those of `spectra train`."
         ),
     )
     p.add_argument(
@@ -29,14 +40,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model widths d_model (default: 64 128 256 512 1024)",
     )  # fmt: skip
     add_config_arguments(p)
+    _show_coord_defaults(p)
 
 
-#: the check's own defaults, under --config, --set and the flags: a small model, a few steps
-#: at a large constant lr (a parametrization's flaws show within steps)
-COORD_DEFAULTS = {"preset": "tiny", "steps": 6, "lr": 1e-2, "optimizer": "adamw", "batch_size": 8}
+def _show_coord_defaults(parser: argparse.ArgumentParser) -> None:
+    """Rewrite the config flags' help to the values the check runs with."""
+    for action in parser._actions:  # argparse has no public list of a parser's actions
+        name = action.dest.removeprefix("field_")
+        if name in COORD_DEFAULTS:
+            action.help = f"config field {name} (default {COORD_DEFAULTS[name]})"
+        elif name in COORD_FIXED:
+            action.help = f"not used: the check runs with {name} = {COORD_FIXED[name]}"
+        elif name == "out_dir":
+            action.help = "the folder of the runs, coord_check.json and coord_check.png (required)"
+
+
+def coord_config(args: argparse.Namespace) -> TrainConfig:
+    """The configuration the check trains at every width: :data:`COORD_DEFAULTS` under the
+    config layers and flags, with :data:`COORD_FIXED` and no evaluation or checkpoints."""
+    cfg = config_from_args(args, base=COORD_DEFAULTS)
+    return dataclasses.replace(
+        cfg, **COORD_FIXED, eval_interval=cfg.steps + 1, eval_batches=1, checkpoint_interval=0,
+        plot=False, progress=False,
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train every width in both parametrizations; write the JSON and the figure."""
     from spectra_lab.mup.coord import coord_check, coord_figure, growth
     from spectra_lab.train.trainer import model_config_of
 
@@ -47,12 +77,7 @@ def run(args: argparse.Namespace) -> int:
             check_int("--widths", w, low=1)
         except ValueError as exc:
             raise CLIError(str(exc)) from None
-    cfg = config_from_args(args, base=COORD_DEFAULTS)
-    # a few steps at a constant lr, nothing saved but the records
-    cfg = dataclasses.replace(
-        cfg, schedule="constant", warmup_steps=0, eval_interval=cfg.steps + 1, eval_batches=1,
-        checkpoint_interval=0, plot=False, progress=False, clip_schedule="constant",
-    )  # fmt: skip
+    cfg = coord_config(args)
     for w in args.widths:  # every width must fit the model and the base width: one line now
         model_config_of(dataclasses.replace(cfg, d_model=w, parametrization="mup"), 1)
     out = Path(cfg.out_dir)

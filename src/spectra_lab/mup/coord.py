@@ -116,7 +116,11 @@ def coord_check(
 
 
 def coord_figure(results: dict[str, Any], steps: list[int] | None = None):
-    """Rows: the two parametrizations; columns: steps; RMS against width, a line per layer."""
+    """Rows: the two parametrizations; columns: steps; RMS against width, a line per layer.
+
+    Every panel shares one log y-scale (a flat line is the same slope everywhere) and the
+    layers' legend is one, under the panels.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,9 +131,8 @@ def coord_figure(results: dict[str, Any], steps: list[int] | None = None):
     layers = list(first)
     n_steps = len(first[layers[0]])
     steps = steps or sorted({0, 1, n_steps // 2, n_steps - 1})
-    fig, axes = plt.subplots(
-        2, len(steps), figsize=(3.2 * len(steps), 5.6), sharex=True, squeeze=False
-    )
+    fig, axes = plt.subplots(2, len(steps), figsize=(3.2 * len(steps), 6.4), sharex=True,
+                             sharey=True, squeeze=False)  # fmt: skip
     cmap = plt.get_cmap("viridis")
     for row, param in enumerate(PARAMETRIZATIONS):
         runs = results["runs"][param]
@@ -141,19 +144,25 @@ def coord_figure(results: dict[str, Any], steps: list[int] | None = None):
                         label=layer)  # fmt: skip
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ax.set_xticks(widths, [str(w) for w in widths], fontsize=7)
+            ax.minorticks_off()
+            ax.grid(alpha=0.3, which="major")
             ax.set_title(f"{'μP' if param == 'mup' else 'standard'}, step {t}", fontsize=9)
             ax.tick_params(labelsize=7)
             if col == 0:
-                ax.set_ylabel("activation RMS", fontsize=8)
+                ax.set_ylabel("activation RMS (log scale)", fontsize=8)
             if row == 1:
                 ax.set_xlabel("width d_model", fontsize=8)
-    axes[0, -1].legend(fontsize=6, loc="best")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(layers), 6), fontsize=7,
+               frameon=False)  # fmt: skip
     fig.suptitle(
-        f"coordinate check: {results['optimizer']}, lr {results['lr']:g}, "
-        f"μP base width {results['mup_base_width']}",
+        f"Coordinate check: {results['optimizer']}, lr {results['lr']:g}, "
+        f"μP base width {results['mup_base_width']} (flat lines: RMS independent of width)",
         fontsize=10,
     )
-    fig.tight_layout()
+    rows_of_legend = -(-len(layers) // 6)
+    fig.tight_layout(rect=(0, (0.25 + 0.18 * rows_of_legend) / fig.get_figheight(), 1, 1))
     return fig
 
 
