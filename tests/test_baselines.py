@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from spectra.optim import SOAP, DMuon, dmuon_param_groups
-from spectra.optim.soap import kronecker_factor, rotate, rotate_back
+from spectra.optim.baselines.soap import kronecker_factor, rotate, rotate_back
 
 # --------------------------------------------------------------------------- helpers
 

@@ -112,6 +112,69 @@ def test_wrapper_rejects_bad_arguments():
         so.Spectra(torch.optim.AdamW(ps), bad_key=1)
 
 
+def test_coupled_weight_decay_of_the_base_warns_at_construction_and_becomes_decoupled():
+    ps = make_params(SHAPES)
+    with pytest.warns(
+        UserWarning,
+        match=r"Spectra\(SGD\): weight_decay=0.1 in param group 0.*"
+        r"decoupled decay",
+    ) as caught:
+        opt = so.Spectra(torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.1), clip_c=None)
+    assert len(caught) == 1
+    # What it warns about is what it does: X ← (1 − ηλ)X − η·SGD-momentum(g), λ outside the base.
+    ref = [p.detach().clone().requires_grad_() for p in ps]
+    base = torch.optim.SGD(ref, lr=0.05, momentum=0.9)
+    for k in range(4):
+        feed(ps, k)
+        feed(ref, k)
+        opt.step()
+        with torch.no_grad():
+            for q in ref:
+                q.mul_(1 - 0.05 * 0.1)
+        base.step()
+    for a, b in zip(ps, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        lambda ps: torch.optim.AdamW(ps, weight_decay=0.1),
+        lambda ps: torch.optim.Adam(ps, weight_decay=0.1, decoupled_weight_decay=True),
+        lambda ps: torch.optim.SGD([{"params": ps[:2], "weight_decay": 0.0}], lr=0.1),
+    ],
+    ids=["sgd-no-decay", "adamw", "adam-decoupled", "group-zero"],
+)
+def test_no_warning_without_coupled_decay(base, recwarn):
+    so.Spectra(base(make_params(SHAPES)))
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_a_warning_names_every_decayed_group():
+    ps = make_params(SHAPES)
+    base = torch.optim.Adam([{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.01}], lr=1e-3)
+    with pytest.warns(UserWarning, match=r"Spectra\(Adam\): weight_decay=0.01 in param group 1 is"):
+        so.Spectra(base)
+
+
+def test_unknown_option_names_itself_and_the_valid_ones():
+    with pytest.raises(
+        ValueError, match=r"AdamW: unknown options \['clip_cc'\].*clip_c.*nonfinite"
+    ):
+        so.AdamW(make_params(SHAPES), clip_cc=1.0)
+
+
+def test_param_plan_applies_the_per_parameter_rules():
+    ps = make_params([(4, 3), (5,)])
+    opt = so.MARS(ps, lr=3e-3, weight_decay=0.1, lr_1d_factor=0.5, weight_decay_1d=0.0, clip_c=1.0)
+    group = opt.param_groups[0]
+    matrix, vector = opt.param_plan(group, ps[0], 0), opt.param_plan(group, ps[1], 0)
+    assert (matrix.lr, matrix.weight_decay) == (3e-3, 0.1)
+    assert (vector.lr, vector.weight_decay) == (1.5e-3, 0.0)
+    assert matrix.post is not None and vector.post is None
+
+
 def test_wrapper_reads_per_group_settings_from_the_base_groups():
     p1, p2 = make_params(SHAPES), make_params(SHAPES)
     groups = [{"params": p1[:2], "clip_c": 0.1}, {"params": p1[2:], "clip_c": None}]

@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from spectra.optim.base import SpectraOptimizer
 from spectra.optim.distributed import is_sharded
-from spectra.optim.settings import group_clips, plan
+from spectra.optim.settings import group_clips
 from spectra.validate import check_choice, check_int
 
 __all__ = [
@@ -110,20 +110,25 @@ def top_singular_values(
 
 
 def lr_and_weight_decay(optimizer: torch.optim.Optimizer, p: Tensor) -> tuple[float, float]:
-    """``(η, λ)`` of ``optimizer``'s next step for ``p``: its group's lr and weight decay, with a
-    spectra optimizer's per-parameter rules applied (MARS's 1-D rule).
+    """``(η, λ)`` of ``optimizer``'s next step for ``p``: its group's lr and weight decay, or a
+    spectra optimizer's :meth:`~spectra.optim.SpectraOptimizer.param_plan` (MARS's 1-D rule).
 
     With decoupled weight decay the step is ``X ← (1 − ηλ) X − η·u``, so the update ``u`` is
     ``−(X_{k+1} − (1 − ηλ) X_k)/η``. Raises ``ValueError`` if ``p`` is not in ``optimizer``.
     """
     for group in optimizer.param_groups:
         if any(q is p for q in group["params"]):
-            lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
             if isinstance(optimizer, SpectraOptimizer):
-                lr_scale, wd = optimizer._param_rules(group, p)
-                lr *= lr_scale
-            return lr, wd
+                pl = optimizer.param_plan(group, p, next_step(optimizer, p))
+                return pl.lr, pl.weight_decay
+            return float(group["lr"]), float(group.get("weight_decay", 0.0))
     raise ValueError(f"a parameter of shape {tuple(p.shape)} is not in the optimizer")
+
+
+def next_step(optimizer: torch.optim.Optimizer, p: Tensor) -> int:
+    """The 0-based index of ``p``'s next step: the steps its state has counted so far."""
+    state = optimizer.state.get(p, {})
+    return int(state["step"]) if "step" in state else 0
 
 
 def spike_score(sigma_max: float, fro: float, shape: tuple[int, int]) -> float:
@@ -376,11 +381,8 @@ class SpectralMonitor:
         )
         if g is None:
             return {}
-        group = opt.param_groups[g]
-        state = opt.state.get(p, {})
-        step = int(state["step"]) if "step" in state else 0
-        lr_scale, wd = opt._param_rules(group, p)
-        pl = plan(group, p, step, lr_scale=lr_scale, weight_decay=wd)
+        step = next_step(opt, p)
+        pl = opt.param_plan(opt.param_groups[g], p, step)
         c = opt.clip_threshold(step, group=g)
         bound = active_at = None
         if pl.post is not None and pl.post.kind == "orthogonalize":

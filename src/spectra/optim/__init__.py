@@ -8,8 +8,8 @@ for the flow of one step.
 from spectra.optim.adamw import AdamW
 from spectra.optim.ademamix import AdEMAMix
 from spectra.optim.base import SpectraOptimizer
+from spectra.optim.baselines import SOAP, DMuon, dmuon_param_groups
 from spectra.optim.chain import ParamPlan, SpectralOp, spectra_step
-from spectra.optim.dmuon import DMuon, dmuon_param_groups
 from spectra.optim.mars import MARS
 from spectra.optim.schedules import (
     ClipSchedule,
@@ -20,7 +20,6 @@ from spectra.optim.schedules import (
 from spectra.optim.settings import SPECTRA_DEFAULTS
 from spectra.optim.sgdm import SGDM
 from spectra.optim.signum import Signum
-from spectra.optim.soap import SOAP
 from spectra.optim.wrapper import Spectra
 
 __all__ = [

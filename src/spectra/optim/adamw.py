@@ -12,6 +12,23 @@ from spectra.optim.base import SpectraOptimizer
 from spectra.validate import check_number, check_pair
 
 
+def adam_moments_(
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    beta1: float,
+    beta2: float,
+) -> None:
+    r"""Adam's moment updates, in place: ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``.
+
+    The arithmetic of ``torch.optim.AdamW``: ``m`` by ``lerp``, ``v`` by a multiply and an
+    ``addcmul``.
+    """
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+
+
 def adam_direction(
     grads: list[Tensor],
     exp_avgs: list[Tensor],
@@ -27,9 +44,7 @@ def adam_direction(
     ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``,
     ``U = (m/(1−β₁ᵗ)) / (√v/√(1−β₂ᵗ) + ε)``. ``out`` may alias ``grads``.
     """
-    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+    adam_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
     # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars.
     bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in steps]
     torch._foreach_copy_(out, exp_avg_sqs)
@@ -52,11 +67,12 @@ class AdamW(SpectraOptimizer):
     Args:
         params: parameters or param groups.
         lr, betas, eps, weight_decay: AdamW hyperparameters.
-        **spectra: SPECTRA settings (``clip_c``, ``clip_scale``, ``clip_method``,
-            ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``);
-            see :mod:`spectra.optim.settings` and ``docs/optimizers.md``.
-        nonfinite, batch_elements, chunk_elements, split_work: see
-            :class:`~spectra.optim.base.SpectraOptimizer`.
+        **options: SPECTRA settings (``clip_c``, ``clip_scale``, ``clip_method``,
+            ``clip_schedule``, ``clip_params``, ``post``, ``pre_clip_c``, ``pre_clip_schedule``,
+            ``clip_ns_steps``, ``clip_ns_dtype``; see :mod:`spectra.optim.settings` and
+            ``docs/optimizers.md``) and the engine options ``nonfinite``, ``batch_elements``,
+            ``chunk_elements``, ``split_work`` (see
+            :class:`~spectra.optim.base.SpectraOptimizer`).
     """
 
     def __init__(
@@ -66,23 +82,10 @@ class AdamW(SpectraOptimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.1,
-        *,
-        nonfinite: str = "raise",
-        batch_elements: int | None = None,
-        chunk_elements: int | None = None,
-        split_work: bool = True,
-        **spectra: Any,
+        **options: Any,
     ) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        super().__init__(
-            params,
-            defaults,
-            spectra,
-            nonfinite=nonfinite,
-            batch_elements=batch_elements,
-            chunk_elements=chunk_elements,
-            split_work=split_work,
-        )
+        super().__init__(params, defaults, **options)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_number("lr", group["lr"], low=0.0)

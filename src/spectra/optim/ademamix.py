@@ -41,6 +41,8 @@ class AdEMAMix(SpectraOptimizer):
     ``beta3_warmup`` (steps; the AdEMAMix paper sets both to the run length) enable the
     schedules :func:`alpha_schedule` and :func:`beta3_schedule`. Defaults follow the paper's
     tables (lr 1e-3, betas (0.9, 0.999, 0.999), α = 8, λ = 0.1, c = 10).
+
+    ``**options`` are the SPECTRA settings and engine options; see :class:`~spectra.optim.AdamW`.
     """
 
     def __init__(
@@ -53,12 +55,7 @@ class AdEMAMix(SpectraOptimizer):
         beta3_warmup: int | None = None,
         eps: float = 1e-8,
         weight_decay: float = 0.1,
-        *,
-        nonfinite: str = "raise",
-        batch_elements: int | None = None,
-        chunk_elements: int | None = None,
-        split_work: bool = True,
-        **spectra: Any,
+        **options: Any,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -69,15 +66,7 @@ class AdEMAMix(SpectraOptimizer):
             "eps": eps,
             "weight_decay": weight_decay,
         }
-        super().__init__(
-            params,
-            defaults,
-            spectra,
-            nonfinite=nonfinite,
-            batch_elements=batch_elements,
-            chunk_elements=chunk_elements,
-            split_work=split_work,
-        )
+        super().__init__(params, defaults, **options)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_number("lr", group["lr"], low=0.0)

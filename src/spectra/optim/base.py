@@ -7,6 +7,10 @@ This class only validates its arguments, keeps the state, builds each parameter'
 
 A subclass supplies the base direction:
 
+* ``__init__(params, <its hyperparameters>, **options)`` passes its hyperparameters as a dict
+  and ``options`` as they are to ``SpectraOptimizer.__init__``, which takes the engine options
+  (``nonfinite``, ``batch_elements``, ``chunk_elements``, ``split_work``) by name and treats
+  every other keyword as a SPECTRA setting;
 * ``_init_state(group, p, state)`` creates the state buffers of ``p`` (``state["step"]`` is
   added and counted here; it is 1 during the first step);
 * ``_direction(group, params, grads, states, out)`` updates the states and writes the base
@@ -17,7 +21,7 @@ A subclass supplies the base direction:
   :func:`spectra.optim.distributed.frobenius_norms`;
 * optionally ``_check_group(group)`` validates the base hyperparameters, and
   ``_param_rules(group, p)`` returns a per-parameter ``(lr_scale, weight_decay)`` (MARS uses
-  it for its 1-D AdamW).
+  it for its 1-D AdamW); :meth:`SpectraOptimizer.param_plan` applies it.
 
 :class:`~spectra.optim.Spectra` is the same class with the wrapped optimizer as its direction.
 """
@@ -53,6 +57,8 @@ from spectra.optim.settings import (
 from spectra.validate import check_choice, check_int, check_real_params
 
 NONFINITE_POLICIES = ("raise", "skip")
+#: Keyword options of every constructor that set how a step runs rather than its math.
+ENGINE_OPTIONS = ("nonfinite", "batch_elements", "chunk_elements", "split_work")
 #: Keys torch.optim.Optimizer.__setstate__ adds to ``defaults`` for its own optimizers.
 TORCH_BOOKKEEPING = ("differentiable",)
 
@@ -72,7 +78,6 @@ class SpectraOptimizer(Optimizer):
         params: parameters or param groups.
         defaults: the base optimizer's hyperparameters; the SPECTRA settings are merged in
             (see :data:`spectra.optim.settings.SPECTRA_DEFAULTS`).
-        spectra: SPECTRA settings given to the constructor.
         nonfinite: ``"raise"`` (default) raises ``FloatingPointError`` when a gradient or a
             base direction holds inf/nan, before any parameter changes; ``"skip"`` leaves the
             parameters untouched for that step, warns and counts it in
@@ -94,22 +99,28 @@ class SpectraOptimizer(Optimizer):
             process group with more than one rank is initialised; the first step checks that
             the parameters agree across ranks. ``DTensor`` parameters (FSDP2) are always
             assembled and clipped by one owner rank each, whatever this setting.
+        **spectra: SPECTRA settings (see :mod:`spectra.optim.settings`); any other keyword is
+            refused with a ``ValueError`` that names it.
     """
 
     def __init__(
         self,
         params: Any,
         defaults: dict[str, Any],
-        spectra: dict[str, Any],
+        /,
         *,
         nonfinite: str = "raise",
         batch_elements: int | None = None,
         chunk_elements: int | None = None,
         split_work: bool = True,
+        **spectra: Any,
     ) -> None:
         unknown = set(spectra) - set(SPECTRA_DEFAULTS)
         if unknown:
-            raise ValueError(f"unknown SPECTRA settings {sorted(unknown)}")
+            raise ValueError(
+                f"{type(self).__name__}: unknown options {sorted(unknown)} (SPECTRA settings: "
+                f"{', '.join(SPECTRA_DEFAULTS)}; engine options: {', '.join(ENGINE_OPTIONS)})"
+            )
         defaults = {
             **defaults,
             **SPECTRA_DEFAULTS,
@@ -148,6 +159,20 @@ class SpectraOptimizer(Optimizer):
     def _param_rules(self, group: dict[str, Any], p: Tensor) -> tuple[float, float]:
         """``(lr_scale, weight_decay)`` for one parameter; default ``(1, group weight_decay)``."""
         return 1.0, float(group.get("weight_decay", 0.0))
+
+    # -- a parameter's plan -------------------------------------------------------------
+
+    def param_plan(self, group: dict[str, Any], p: Tensor, step: int) -> ParamPlan:
+        """The chain's links for parameter ``p`` of ``group`` at its 0-based ``step``.
+
+        η is the group's ``lr`` and λ its ``weight_decay``, both as this optimizer's
+        per-parameter rules set them (MARS's 1-D AdamW: ``lr_1d_factor·lr`` and
+        ``weight_decay_1d``); α and the pre and post operators with their thresholds ``c_k``
+        follow the group's SPECTRA settings (:func:`spectra.optim.settings.plan`). A step
+        uses exactly this plan, so it also tells an observer what the next step will do.
+        """
+        lr_scale, weight_decay = self._param_rules(group, p)
+        return plan(group, p, step, lr_scale=lr_scale, weight_decay=weight_decay)
 
     # -- the step -----------------------------------------------------------------------
 
@@ -227,9 +252,7 @@ class SpectraOptimizer(Optimizer):
                 if not torch.is_tensor(state["step"]):  # a state saved with a plain int
                     state["step"] = step_counter(state["step"])
                 state["step"].add_(1)  # a float32 0-d tensor, as torch's optimizers keep it
-                lr_scale, wd = self._param_rules(group, p)
-                k = int(state["step"]) - 1
-                plans.append(plan(group, p, k, lr_scale=lr_scale, weight_decay=wd))
+                plans.append(self.param_plan(group, p, int(state["step"]) - 1))
         return plans
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:

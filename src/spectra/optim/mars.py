@@ -31,6 +31,8 @@ class MARS(SpectraOptimizer):
     Defaults follow the paper's tables: lr 3e-3 (MARS), 1e-3 for AdamW (``lr_1d_factor=1/3``),
     betas (0.95, 0.99), betas_1d (0.8, 0.999), γ = 0.025, λ = 0.1, c = 10. The gradient
     history ``last_grad`` is kept only for the MARS (≥ 2-D) parameters.
+
+    ``**options`` are the SPECTRA settings and engine options; see :class:`~spectra.optim.AdamW`.
     """
 
     def __init__(
@@ -44,12 +46,7 @@ class MARS(SpectraOptimizer):
         lr_1d_factor: float = 1.0 / 3.0,
         betas_1d: tuple[float, float] = (0.8, 0.999),
         weight_decay_1d: float | None = None,
-        *,
-        nonfinite: str = "raise",
-        batch_elements: int | None = None,
-        chunk_elements: int | None = None,
-        split_work: bool = True,
-        **spectra: Any,
+        **options: Any,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -61,15 +58,7 @@ class MARS(SpectraOptimizer):
             "betas_1d": betas_1d,
             "weight_decay_1d": weight_decay_1d,
         }
-        super().__init__(
-            params,
-            defaults,
-            spectra,
-            nonfinite=nonfinite,
-            batch_elements=batch_elements,
-            chunk_elements=chunk_elements,
-            split_work=split_work,
-        )
+        super().__init__(params, defaults, **options)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         for key in ("lr", "eps", "weight_decay", "gamma", "lr_1d_factor"):
@@ -96,20 +85,11 @@ class MARS(SpectraOptimizer):
         mars = [i for i, p in enumerate(params) if _uses_mars(p)]
         adam = [i for i, p in enumerate(params) if not _uses_mars(p)]
         if adam:
-            b1, b2 = group["betas_1d"]
-            adam_direction(
-                [grads[i] for i in adam],
-                [states[i]["exp_avg"] for i in adam],
-                [states[i]["exp_avg_sq"] for i in adam],
-                [states[i]["step"] for i in adam],
-                b1,
-                b2,
-                group["eps"],
-                [out[i] for i in adam],
-            )
+            a_grads, a_states = [grads[i] for i in adam], [states[i] for i in adam]
+            _adam(a_grads, a_states, group["betas_1d"], group["eps"], [out[i] for i in adam])
         if not mars:
             return
-        b1, b2 = group["betas"]
+        b1, _ = group["betas"]
         g = [grads[i] for i in mars]
         last = [states[i]["last_grad"] for i in mars]
         c = [out[i] for i in mars]
@@ -123,13 +103,18 @@ class MARS(SpectraOptimizer):
         torch._foreach_clamp_min_(norms, 1.0)
         torch._foreach_div_(c, norms)
         torch._foreach_copy_(last, g)
-        adam_direction(
-            c,
-            [states[i]["exp_avg"] for i in mars],
-            [states[i]["exp_avg_sq"] for i in mars],
-            [states[i]["step"] for i in mars],
-            b1,
-            b2,
-            group["eps"],
-            c,
-        )
+        _adam(c, [states[i] for i in mars], group["betas"], group["eps"], c)
+
+
+def _adam(
+    grads: list[Tensor],
+    states: list[dict[str, Any]],
+    betas: tuple[float, float],
+    eps: float,
+    out: list[Tensor],
+) -> None:
+    """:func:`~spectra.optim.adamw.adam_direction` on the Adam state of ``states``."""
+    exp_avgs = [s["exp_avg"] for s in states]
+    exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+    steps = [s["step"] for s in states]
+    adam_direction(grads, exp_avgs, exp_avg_sqs, steps, betas[0], betas[1], eps, out)

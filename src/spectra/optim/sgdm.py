@@ -26,9 +26,7 @@ class SGDM(SpectraOptimizer):
     Args:
         params: parameters or param groups.
         lr, momentum, weight_decay: step size, momentum μ ∈ [0, 1), decoupled weight decay λ.
-        **spectra: SPECTRA settings; see :class:`~spectra.optim.AdamW`.
-        nonfinite, batch_elements, chunk_elements, split_work: see
-            :class:`~spectra.optim.base.SpectraOptimizer`.
+        **options: SPECTRA settings and engine options; see :class:`~spectra.optim.AdamW`.
     """
 
     def __init__(
@@ -37,23 +35,10 @@ class SGDM(SpectraOptimizer):
         lr: float = 1e-3,
         momentum: float = 0.9,
         weight_decay: float = 0.1,
-        *,
-        nonfinite: str = "raise",
-        batch_elements: int | None = None,
-        chunk_elements: int | None = None,
-        split_work: bool = True,
-        **spectra: Any,
+        **options: Any,
     ) -> None:
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
-        super().__init__(
-            params,
-            defaults,
-            spectra,
-            nonfinite=nonfinite,
-            batch_elements=batch_elements,
-            chunk_elements=chunk_elements,
-            split_work=split_work,
-        )
+        super().__init__(params, defaults, **options)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_number("lr", group["lr"], low=0.0)

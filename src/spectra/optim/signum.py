@@ -40,7 +40,7 @@ class Signum(SpectraOptimizer):
     Args:
         params: parameters or param groups.
         lr, momentum, nesterov, weight_decay: Signum hyperparameters (``momentum=0`` is signSGD).
-        **spectra: SPECTRA settings; see :class:`~spectra.optim.AdamW`.
+        **options: SPECTRA settings and engine options; see :class:`~spectra.optim.AdamW`.
     """
 
     def __init__(
@@ -50,28 +50,10 @@ class Signum(SpectraOptimizer):
         momentum: float = 0.95,
         nesterov: bool = True,
         weight_decay: float = 0.1,
-        *,
-        nonfinite: str = "raise",
-        batch_elements: int | None = None,
-        chunk_elements: int | None = None,
-        split_work: bool = True,
-        **spectra: Any,
+        **options: Any,
     ) -> None:
-        defaults = {
-            "lr": lr,
-            "momentum": momentum,
-            "nesterov": nesterov,
-            "weight_decay": weight_decay,
-        }
-        super().__init__(
-            params,
-            defaults,
-            spectra,
-            nonfinite=nonfinite,
-            batch_elements=batch_elements,
-            chunk_elements=chunk_elements,
-            split_work=split_work,
-        )
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+        super().__init__(params, defaults, **options)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_number("lr", group["lr"], low=0.0)

@@ -11,15 +11,17 @@ its chunk's update, after earlier chunks were applied.
 
 Assumption: the base's update of a parameter depends on the parameter's value only through
 decoupled weight decay. That holds for AdamW, Adam/SGD/RMSprop without weight decay, Lion,
-Adafactor-style methods without relative step sizes, and so on. Coupled (L2) weight decay,
-parameter-norm-relative steps (LAMB, LARS, Adafactor's relative step) or any base that caches
-parameter storage (``fused=True`` kernels keyed on pointers, CUDA graphs) are not supported:
-the wrapper would silently change their update. The group's ``weight_decay`` is always applied
-as SPECTRA's decoupled λ.
+Adafactor-style methods without relative step sizes, and so on. The group's ``weight_decay``
+is always applied as SPECTRA's decoupled λ, so a base's coupled (L2) weight decay becomes
+decoupled decay; the wrapper says so with a ``UserWarning`` at construction
+(:func:`coupled_decay_warning`). Parameter-norm-relative steps (LAMB, LARS, Adafactor's relative
+step) or any base that caches parameter storage (``fused=True`` kernels keyed on pointers, CUDA
+graphs) are not supported: the wrapper would silently change their update.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -40,6 +42,49 @@ def eighth_chunks(sizes: list[int]) -> int:
     return max(max(sizes), -(-sum(sizes) // CHUNKS))
 
 
+#: torch optimizers whose ``weight_decay`` is coupled (L2: ``λX`` is added to the gradient)
+#: unless a group sets ``decoupled_weight_decay``.
+COUPLED_DECAY: tuple[type[Optimizer], ...] = (
+    torch.optim.SGD,
+    torch.optim.Adam,  # torch.optim.AdamW is one, with decoupled_weight_decay=True
+    torch.optim.Adagrad,
+    torch.optim.Adamax,
+    torch.optim.ASGD,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.RMSprop,
+)
+
+
+def coupled_decay_warning(base: Optimizer) -> str | None:
+    """What the wrapper does to ``base``'s coupled weight decay, or ``None`` when it has none.
+
+    The base sees zeros in place of the weights, so its L2 term ``λX`` vanishes, and the chain
+    applies the group's ``weight_decay`` as decoupled decay, ``X ← (1 − ηλ) X``, outside the
+    base's direction and the clip. For plain SGD without momentum the two agree; with momentum,
+    or an adaptive base, they differ.
+    """
+    if not isinstance(base, COUPLED_DECAY):
+        return None
+    decayed = [
+        (i, group["weight_decay"])
+        for i, group in enumerate(base.param_groups)
+        if group.get("weight_decay", 0.0) != 0.0 and not group.get("decoupled_weight_decay")
+    ]
+    if not decayed:
+        return None
+    name = type(base).__name__
+    where = " and ".join(f"weight_decay={wd!r} in param group {i}" for i, wd in decayed)
+    return (
+        f"Spectra({name}): {where} {'is' if len(decayed) == 1 else 'are'} coupled L2 decay "
+        f"for {name} (added to the gradient); Spectra applies it as decoupled decay instead, "
+        f"X <- (1 - lr * weight_decay) * X at each step, outside {name}'s direction and the "
+        f"clip. To keep this decoupled decay, nothing needs to change (filter this warning); "
+        f"to avoid it, build {name} with weight_decay=0 (and put an L2 term in the loss for "
+        f"L2 regularisation)."
+    )
+
+
 class Spectra(SpectraOptimizer):
     r"""Wrap ``base_optimizer`` so each step is ``X ← (1−λη)X − αη·H_{c_k}(U)``.
 
@@ -52,23 +97,18 @@ class Spectra(SpectraOptimizer):
     Args:
         base_optimizer: a constructed ``torch.optim.Optimizer``; see the module docstring for
             the assumption it must satisfy.
-        nonfinite, batch_elements, chunk_elements, split_work: see
-            :class:`~spectra.optim.base.SpectraOptimizer`; the wrapper always runs in chunks
-            (``chunk_elements=None``: ``max(largest parameter, total / 8)`` elements).
-        **spectra: SPECTRA settings (see :mod:`spectra.optim.settings`) used where a group does
-            not set its own.
+        **options: SPECTRA settings (see :mod:`spectra.optim.settings`) used where a group does
+            not set its own, and the engine options ``nonfinite``, ``batch_elements``,
+            ``chunk_elements``, ``split_work`` (see :class:`~spectra.optim.base.SpectraOptimizer`);
+            the wrapper always runs in chunks (``chunk_elements=None``:
+            ``max(largest parameter, total / 8)`` elements).
+
+    A base whose groups have a non-zero coupled (L2) ``weight_decay`` (torch's SGD, Adam,
+    RMSprop, … without ``decoupled_weight_decay``) gets a ``UserWarning`` at construction: the
+    wrapper applies that value as decoupled decay (see :func:`coupled_decay_warning`).
     """
 
-    def __init__(
-        self,
-        base_optimizer: Optimizer,
-        *,
-        nonfinite: str = "raise",
-        batch_elements: int | None = None,
-        chunk_elements: int | None = None,
-        split_work: bool = True,
-        **spectra: Any,
-    ) -> None:
+    def __init__(self, base_optimizer: Optimizer, **options: Any) -> None:
         if not isinstance(base_optimizer, Optimizer):
             raise ValueError(
                 f"base_optimizer must be a torch.optim.Optimizer, got {type(base_optimizer)!r}"
@@ -77,18 +117,13 @@ class Spectra(SpectraOptimizer):
             raise ValueError("base_optimizer is already a Spectra optimizer")
         self.base = base_optimizer
         self._initialised = False
-        super().__init__(
-            base_optimizer.param_groups,
-            dict(base_optimizer.defaults),
-            spectra,
-            nonfinite=nonfinite,
-            batch_elements=batch_elements,
-            chunk_elements=chunk_elements,
-            split_work=split_work,
-        )
+        super().__init__(base_optimizer.param_groups, dict(base_optimizer.defaults), **options)
         # The same group dicts and the same list: schedulers and add_param_group see one truth.
         self.param_groups = base_optimizer.param_groups
         self._initialised = True
+        message = coupled_decay_warning(base_optimizer)
+        if message is not None:
+            warnings.warn(message, UserWarning, stacklevel=2)
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:
         # The base's own step keeps full-size temporaries of whatever it is given (torch's

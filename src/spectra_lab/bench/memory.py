@@ -50,7 +50,7 @@ def formula(name: str, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
         two_d = sum(p.numel() for p in params if p.dim() >= 2)
         return 2 * total + two_d, "2M + M_2d"
     if base == "dmuon":
-        from spectra.optim.dmuon import default_use_muon
+        from spectra.optim.baselines.dmuon import default_use_muon
 
         muon = sum(
             p.numel()

@@ -40,9 +40,7 @@ def fw_figure(res: FWResults, mode: str, radius: float) -> plt.Figure:
     axes[2].axhline(radius, color="k", ls="--", lw=0.8, label=f"D₂ = {radius:g}")
     titles = ["F(X_k) − F*", "test loss", "‖X_k‖₂", "‖X_k‖_F"]
     for ax, title in zip(axes, titles, strict=True):
-        ax.set_title(title)
-        ax.set_xlabel("iteration k")
-        ax.grid(alpha=0.3)
+        _label(ax, title, "iteration k")
     axes[2].legend(fontsize=8)
     axes[0].legend(fontsize=8)
     if mode == "full":
@@ -73,10 +71,7 @@ def spike_figure(res: SpikeResults, methods: tuple[str, ...]) -> plt.Figure:
                 label=f"{METHOD_LABELS[method]}, η₀ = {float(runs.eta0[best]):.3g}",
             )
         ax.set_yscale("log")
-        ax.set_title(f"ℓ = {scale:g}")
-        ax.set_xlabel("iteration k")
-        ax.set_ylabel("training loss f(X_k)")
-        ax.grid(alpha=0.3)
+        _label(ax, f"ℓ = {scale:g}", "iteration k", "training loss f(X_k)")
         ax.legend(fontsize=8)
     cfg = res.config
     fig.suptitle(
@@ -102,11 +97,17 @@ def tuning_figure(res: SpikeResults) -> plt.Figure:
                 ax.plot(runs.eta0[ok], final[ok], marker="o", ms=3, label=METHOD_LABELS[method])
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"ℓ = {scale:g}")
-        ax.set_xlabel("η₀")
-        ax.set_ylabel("final training loss")
-        ax.grid(alpha=0.3)
+        _label(ax, f"ℓ = {scale:g}", "η₀", "final training loss")
         ax.legend(fontsize=7)
     fig.suptitle("Step-size sensitivity (missing points: diverged, i.e. final loss > f(X₀))")
     fig.tight_layout()
     return fig
+
+
+def _label(ax: plt.Axes, title: str, xlabel: str, ylabel: str | None = None) -> None:
+    """A panel's title, axis labels and light grid."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)

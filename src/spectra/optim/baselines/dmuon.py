@@ -16,23 +16,30 @@ Muon part, for a matrix ``W ∈ ℝ^{m×n}`` with gradient ``G`` (the arithmetic
 
 AdamW part: exactly ``torch.optim.AdamW`` with ``betas=adamw_betas`` and
 ``eps=adamw_eps`` (its single-tensor arithmetic).
+
+Both parts take their moments, weight decay and step through the links of the SPECTRA chain
+(:func:`~spectra.optim.adamw.adam_moments_`, :func:`~spectra.optim.chain.decay_weights_`,
+:func:`~spectra.optim.chain.add_update_`); the AdamW part keeps torch's single-tensor
+normalisation ``m / (√v/√(1 − β₂ᵗ) + ε)`` fused into its step, to the bit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim import Optimizer
 
 from spectra.ops import newton_schulz_quintic
 from spectra.ops.spectral import MUON_NS_COEFFS
+from spectra.optim.adamw import adam_moments_
 from spectra.optim.base import step_counter
-from spectra.optim.distributed import sparse_error, whole_parameter
-from spectra.validate import check_int, check_number, check_pair, check_real_params
+from spectra.optim.baselines.base import BaselineOptimizer
+from spectra.optim.chain import ParamPlan, add_update_, decay_weights_
+from spectra.optim.settings import NS_DTYPES, ns_dtype_of
+from spectra.validate import check_int, check_number, check_pair
 
 # Dimensions at or above this go to AdamW under the default rule: the embedding and the
 # output head of a language model (footnote to the memory table of the SPECTRA paper:
@@ -119,9 +126,9 @@ def muon_update(
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
     matrix = update.reshape(update.shape[0], -1)
     ortho = newton_schulz_quintic(matrix, ns_steps=ns_steps, coeffs=MUON_NS_COEFFS, dtype=ns_dtype)
-    scale = RMS_MATCH * math.sqrt(max(matrix.shape))
-    param.mul_(1 - lr * weight_decay)
-    param.add_(ortho.view_as(param), alpha=-lr * scale)
+    plan = ParamPlan(lr, weight_decay, scale=RMS_MATCH * math.sqrt(max(matrix.shape)))
+    decay_weights_([param], [plan])
+    add_update_([param], [ortho.view_as(param)], [plan])
 
 
 def adamw_update(
@@ -141,19 +148,14 @@ def adamw_update(
 
     ``W ← (1 − ηλ)W − η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)``.
     """
-    param.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    decay_weights_([param], [ParamPlan(lr, weight_decay)])
+    adam_moments_([grad], [exp_avg], [exp_avg_sq], beta1, beta2)
     step_size = lr / (1 - beta1**step)
     denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
-#: The Newton–Schulz working precisions D-Muon accepts, by name.
-NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-class DMuon(Optimizer):
+class DMuon(BaselineOptimizer):
     r"""D-Muon: Muon (Nesterov momentum, bf16 Newton–Schulz, AdamW-matched RMS) + AdamW.
 
     Which parameters Muon handles is set per param group by the key ``use_muon``:
@@ -177,7 +179,8 @@ class DMuon(Optimizer):
         weight_decay: decoupled weight decay λ for both parts (default 0.1).
         ns_steps: Newton–Schulz steps (default 5).
         ns_dtype: working precision of the Newton–Schulz iteration: ``torch.bfloat16``
-            (default, Muon's) or ``torch.float32`` (a dtype or its name); on CPUs without bf16
+            (default, Muon's), ``torch.float32`` or ``torch.float64`` (a dtype or its name,
+            :data:`spectra.optim.settings.NS_DTYPES`); on CPUs without bf16
             units a bf16 product runs ~60x slower than a float32 one.
         adamw_betas: AdamW (β₁, β₂) (default (0.8, 0.999), the paper's 160M setting;
             it uses (0.9, 0.99) at 780M/820M).
@@ -196,23 +199,20 @@ class DMuon(Optimizer):
         adamw_betas: tuple[float, float] = (0.8, 0.999),
         adamw_eps: float = 1e-8,
     ) -> None:
-        ns_dtype = NS_DTYPES.get(ns_dtype, ns_dtype) if isinstance(ns_dtype, str) else ns_dtype
         defaults = {
             "lr": lr,
             "momentum": momentum,
             "nesterov": nesterov,
             "weight_decay": weight_decay,
             "ns_steps": ns_steps,
-            "ns_dtype": ns_dtype,
+            "ns_dtype": ns_dtype_of(ns_dtype),
             "adamw_betas": adamw_betas,
             "adamw_eps": adamw_eps,
             "use_muon": None,
         }
-        self._validate(defaults)
         super().__init__(params, defaults)
 
-    @staticmethod
-    def _validate(group: dict[str, Any]) -> None:
+    def _check_group(self, group: dict[str, Any]) -> None:
         check_number("lr", group["lr"], low=0.0)
         check_number("momentum", group["momentum"], low=0.0, high=1.0, high_open=True)
         check_number("weight_decay", group["weight_decay"], low=0.0)
@@ -220,7 +220,7 @@ class DMuon(Optimizer):
         check_int("ns_steps", group["ns_steps"], low=1)
         if group["ns_dtype"] not in NS_DTYPES.values():
             raise ValueError(
-                f"ns_dtype must be torch.bfloat16 or torch.float32 (or their names), "
+                f"ns_dtype must be one of {', '.join(NS_DTYPES)} (a torch.dtype or its name), "
                 f"got {group['ns_dtype']!r}"
             )
         if len(check_pair("adamw_betas", group["adamw_betas"])) != 2:
@@ -235,75 +235,53 @@ class DMuon(Optimizer):
         for group in self.param_groups:  # state dicts saved before ns_dtype existed
             group.setdefault("ns_dtype", torch.bfloat16)
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        try:
-            self._validate(group)
-            check_real_params(group["params"], "DMuon")
-            if group["use_muon"]:
-                for p in group["params"]:
-                    if p.dim() < 2:
-                        raise ValueError(
-                            f"use_muon=True needs parameters with >= 2 dimensions, got a "
-                            f"parameter of shape {tuple(p.shape)}"
-                        )
-        except ValueError:
-            self.param_groups.pop()
-            raise
+    def _check_params(self, group: dict[str, Any]) -> None:
+        if group["use_muon"]:
+            for p in group["params"]:
+                if p.dim() < 2:
+                    raise ValueError(
+                        f"use_muon=True needs parameters with >= 2 dimensions, got a "
+                        f"parameter of shape {tuple(p.shape)}"
+                    )
 
     @staticmethod
     def _uses_muon(group: dict[str, Any], p: Tensor) -> bool:
         use = group["use_muon"]
         return default_use_muon(p) if use is None else use
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Take one optimization step; ``closure`` re-evaluates the loss (with gradients)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["adamw_betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError(sparse_error("DMuon", p))
-                state = self.state[p]
-                # Under FSDP2 the update acts on the whole matrix (and the state is whole).
-                with whole_parameter(p) as (w, g):
-                    if self._uses_muon(group, p):
-                        if not state:
-                            state["momentum_buffer"] = torch.zeros_like(w)
-                        muon_update(
-                            w,
-                            g,
-                            state["momentum_buffer"],
-                            lr=group["lr"],
-                            weight_decay=group["weight_decay"],
-                            momentum=group["momentum"],
-                            nesterov=group["nesterov"],
-                            ns_steps=group["ns_steps"],
-                            ns_dtype=group["ns_dtype"],
-                        )
-                    else:
-                        if not state:
-                            state["step"] = step_counter()
-                            state["exp_avg"] = torch.zeros_like(w)
-                            state["exp_avg_sq"] = torch.zeros_like(w)
-                        state["step"] += 1
-                        adamw_update(
-                            w,
-                            g,
-                            state["exp_avg"],
-                            state["exp_avg_sq"],
-                            int(state["step"]),
-                            lr=group["lr"],
-                            weight_decay=group["weight_decay"],
-                            beta1=beta1,
-                            beta2=beta2,
-                            eps=group["adamw_eps"],
-                        )
-        return loss
+    def _update(self, group: dict[str, Any], p: Tensor, w: Tensor, g: Tensor) -> None:
+        # Under FSDP2 the update acts on the whole matrix (and the state is whole).
+        state = self.state[p]
+        if self._uses_muon(group, p):
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(w)
+            muon_update(
+                w,
+                g,
+                state["momentum_buffer"],
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                momentum=group["momentum"],
+                nesterov=group["nesterov"],
+                ns_steps=group["ns_steps"],
+                ns_dtype=group["ns_dtype"],
+            )
+            return
+        if not state:
+            state["step"] = step_counter()
+            state["exp_avg"] = torch.zeros_like(w)
+            state["exp_avg_sq"] = torch.zeros_like(w)
+        state["step"] += 1
+        beta1, beta2 = group["adamw_betas"]
+        adamw_update(
+            w,
+            g,
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            int(state["step"]),
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["adamw_eps"],
+        )

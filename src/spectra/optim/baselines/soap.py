@@ -36,23 +36,26 @@ step on the update is the reference's.
 Conventions that follow the reference: ε is added to ``√V`` before the bias
 correction (folded into the step size); weight decay is decoupled and multiplies by
 ``(1 − ηλ)``, applied before the update as in ``torch.optim.AdamW`` (the reference
-applies it after; the two differ by O(η²λ)).
+applies it after; the two differ by O(η²λ)). The moments, the weight decay and the step go
+through the links of the SPECTRA chain (:func:`~spectra.optim.adamw.adam_moments_`,
+:func:`~spectra.optim.chain.decay_weights_`, :func:`~spectra.optim.chain.add_update_`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.optim import Optimizer
 
 from spectra.ops._common import compute_dtype
+from spectra.optim.adamw import adam_moments_
 from spectra.optim.base import step_counter
-from spectra.optim.distributed import sparse_error, whole_parameter
-from spectra.validate import check_int, check_number, check_pair, check_real_params
+from spectra.optim.baselines.base import BaselineOptimizer
+from spectra.optim.chain import ParamPlan, add_update_, decay_weights_
+from spectra.validate import check_int, check_number, check_pair
 
 
 def rotate(x: Tensor, bases: list[Tensor | None]) -> Tensor:
@@ -109,7 +112,7 @@ def _power_iteration(
     return new_bases, exp_avg_sq
 
 
-class SOAP(Optimizer):
+class SOAP(BaselineOptimizer):
     r"""SOAP (Vyas et al., 2024): Adam run in the slowly updated eigenbasis of Shampoo.
 
     See the module docstring for the update. State per parameter: ``exp_avg`` and
@@ -154,11 +157,9 @@ class SOAP(Optimizer):
             "max_precond_dim": max_precond_dim,
             "precondition_1d": precondition_1d,
         }
-        self._validate(defaults)
         super().__init__(params, defaults)
 
-    @staticmethod
-    def _validate(group: dict[str, Any]) -> None:
+    def _check_group(self, group: dict[str, Any]) -> None:
         check_number("lr", group["lr"], low=0.0)
         if len(check_pair("betas", group["betas"])) != 2:
             raise ValueError(f"betas must be a pair, got {group['betas']!r}")
@@ -169,15 +170,6 @@ class SOAP(Optimizer):
         check_int("max_precond_dim", group["max_precond_dim"], low=0)
         if not isinstance(group["precondition_1d"], bool):
             raise ValueError(f"precondition_1d must be a bool, got {group['precondition_1d']!r}")
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        try:
-            self._validate(self.param_groups[-1])
-            check_real_params(self.param_groups[-1]["params"], "SOAP")
-        except ValueError:
-            self.param_groups.pop()
-            raise
 
     @staticmethod
     def _preconditioned_dims(p: Tensor, group: dict[str, Any]) -> list[bool]:
@@ -208,12 +200,13 @@ class SOAP(Optimizer):
         state["GG"] = gg
         state["Q"] = qs
 
-    def _update(
-        self, p: Tensor, w: Tensor, grad: Tensor, group: dict[str, Any], shampoo_beta: float
-    ) -> None:
+    def _update(self, group: dict[str, Any], p: Tensor, w: Tensor, grad: Tensor) -> None:
         """One SOAP step of the weights ``w`` (``p`` itself, or its whole tensor under FSDP2),
         with the state of ``p``."""
         beta1, beta2 = group["betas"]
+        shampoo_beta = group["shampoo_beta"]
+        if shampoo_beta < 0:
+            shampoo_beta = beta2
         wd = compute_dtype(w)
         g = grad.to(wd)
         state = self.state[p]
@@ -228,13 +221,13 @@ class SOAP(Optimizer):
         step_basis = [None] * len(Q) if first else Q
 
         g_rot = rotate(g, step_basis)
-        exp_avg = state["exp_avg"].to(wd).lerp_(g_rot, 1 - beta1)
-        exp_avg_sq = state["exp_avg_sq"].to(wd).mul_(beta2)
-        exp_avg_sq.addcmul_(g_rot, g_rot, value=1 - beta2)
+        exp_avg, exp_avg_sq = state["exp_avg"].to(wd), state["exp_avg_sq"].to(wd)
+        adam_moments_([g_rot], [exp_avg], [exp_avg_sq], beta1, beta2)
         direction = rotate_back(exp_avg / (exp_avg_sq.sqrt() + group["eps"]), step_basis)
+        # The bias corrections are folded into the step size, with ε added before them.
         step_size = group["lr"] * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-        w.mul_(1 - group["lr"] * group["weight_decay"])
-        w.add_(direction.to(w.dtype), alpha=-step_size)
+        decay_weights_([w], [ParamPlan(group["lr"], group["weight_decay"])])
+        add_update_([w], [direction.to(w.dtype)], [ParamPlan(step_size)])
 
         if first:
             # Move the moments into the basis built from this gradient: M rotates
@@ -252,23 +245,3 @@ class SOAP(Optimizer):
             state["Q"] = [q.to(w.dtype) if q is not None else None for q in Q_new]
         state["exp_avg"].copy_(exp_avg)
         state["exp_avg_sq"].copy_(exp_avg_sq)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Take one optimization step; ``closure`` re-evaluates the loss (with gradients)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            shampoo_beta = group["shampoo_beta"]
-            if shampoo_beta < 0:
-                shampoo_beta = group["betas"][1]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError(sparse_error("SOAP", p))
-                with whole_parameter(p) as (w, g):  # under FSDP2: the whole matrix
-                    self._update(p, w, g, group, shampoo_beta)
-        return loss

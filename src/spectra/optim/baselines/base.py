@@ -1,0 +1,77 @@
+"""``BaselineOptimizer``: the torch.optim frame the baselines share.
+
+A baseline steps one parameter at a time on whole tensors (under FSDP2 the shards of a
+``DTensor`` parameter are assembled first, see
+:func:`~spectra.optim.distributed.whole_parameter`), so it needs none of the SPECTRA chain's
+batching. What it shares with the chain are the links of the update itself (the Adam moments,
+the decoupled weight decay and the learning-rate step; see :mod:`spectra.optim.chain`).
+
+A subclass supplies:
+
+* ``_check_group(group)``: validate a group's hyperparameters (raise ``ValueError``);
+  called on the defaults before ``params`` is looked at, and on every group as it is added;
+* optionally ``_check_params(group)``: validate a group's parameters against its settings;
+* ``_update(group, p, w, g)``: one step of the weights ``w`` (``p`` itself, or its whole
+  tensor under FSDP2) with gradient ``g`` and the state of ``p``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from spectra.optim.distributed import sparse_error, whole_parameter
+from spectra.validate import check_real_params
+
+
+class BaselineOptimizer(Optimizer):
+    """Base class of the baselines: checked hyperparameters and a per-parameter step."""
+
+    def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
+        # Hyperparameters are checked before the parameters are looked at.
+        self._check_group(defaults)
+        super().__init__(params, defaults)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        """Validate the hyperparameters of a group (raise ``ValueError``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _check_group")
+
+    def _check_params(self, group: dict[str, Any]) -> None:
+        """Validate the parameters of a group against its settings (raise ``ValueError``)."""
+
+    def _update(self, group: dict[str, Any], p: Tensor, w: Tensor, g: Tensor) -> None:
+        """One step of the weights ``w`` with gradient ``g``, keeping the state of ``p``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _update")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``; a group that fails a check is not added."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            self._check_group(group)
+            check_real_params(group["params"], type(self).__name__)
+            self._check_params(group)
+        except ValueError:
+            self.param_groups.pop()
+            raise
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Take one optimization step; ``closure`` re-evaluates the loss (with gradients)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ValueError(sparse_error(type(self).__name__, p))
+                with whole_parameter(p) as (w, g):
+                    self._update(group, p, w, g)
+        return loss
