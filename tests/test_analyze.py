@@ -311,3 +311,37 @@ def test_analyze_without_out_or_with_a_bad_run_is_a_one_line_error(tmp_path, cap
     (tmp_path / "run" / "config.yaml").write_text("optimizer: adamw\n")
     assert main(["analyze", "norms", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 2
     assert "train it with --monitor-every N" in capsys.readouterr().err
+
+
+def _spectra_data(which: str = "update") -> dict:
+    g = np.random.default_rng(0)
+    steps = [1, 5]
+    records = []
+    for step in steps:
+        s = np.sort(g.lognormal(size=16))[::-1]
+        stats = {"sigma_max": s[0], "sigma_min": s[-1], "cond": s[0] / s[-1]}
+        stats["max_over_median"] = s[0] / np.median(s)
+        records.append({"step": step, f"{which}_sigma": s.tolist(), which: stats})
+    return {"optimizer": "adamw", "steps": steps, "layers": {"layers.0.attn.wq.weight": {
+        "records": records}, "layers.0.mlp.w1.weight": {"records": records}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["grad", "update"])
+def test_spectra_figure_labels_its_axes_and_keeps_its_numbers_above_the_bars(which):
+    import matplotlib.pyplot as plt
+
+    from spectra_lab.analyze.plots import spectra_figure
+
+    fig = spectra_figure(_spectra_data(which), which)
+    fig.canvas.draw()  # the title's mathtext parses
+    axes = np.asarray(fig.axes).reshape(2, 2)
+    assert all("singular value" in ax.get_xlabel() for ax in axes[-1])
+    assert [ax.get_ylabel() for ax in axes[:, 0]] == ["L0.attn.wq\ncount", "L0.mlp.w1\ncount"]
+    assert "$" in fig._suptitle.get_text() and "{k+1}" not in fig._suptitle.get_text().split("$")[0]
+    renderer = fig.canvas.get_renderer()
+    for ax in axes.flat:
+        (box,) = [t for t in ax.texts if "σmax" in t.get_text()]
+        tallest = max(patch.get_height() for patch in ax.patches)
+        text_bottom = ax.transData.inverted().transform(box.get_window_extent(renderer).p0)[1]
+        assert text_bottom > tallest  # the statistics sit above every bar
+    plt.close(fig)

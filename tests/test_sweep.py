@@ -194,3 +194,36 @@ def test_a_run_saved_before_a_field_existed_is_not_refused(tmp_path):
     (folder / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(SweepError, match="mup_base_width = 128"):
         check_unchanged(run)
+
+
+@pytest.mark.parametrize(("start", "cut"), [(5.0, False), (9.5, True)])
+def test_curves_png_keeps_every_point_inside_or_says_what_is_cut(start, cut, tmp_path, monkeypatch):
+    import math
+
+    from spectra_lab.sweep import report as sweep_report
+    from spectra_lab.sweep.grid import Run
+    from spectra_lab.train.config import TrainConfig
+
+    runs = []
+    for method, final in (("adamw", 4.45), ("spectra-adamw", 4.26)):
+        for seed in range(2):
+            out = tmp_path / f"{method}-{seed}"
+            out.mkdir()
+            losses = [final + (start - final) * math.exp(-s / 40) + seed / 99 for s in (0, 50, 99)]
+            (out / "metrics.jsonl").write_text("".join(
+                json.dumps({"kind": "eval", "step": s, "val_loss": v}) + "\n"
+                for s, v in zip((0, 50, 99), losses, strict=True)))  # fmt: skip
+            runs.append(Run(f"{method}-{seed}", {"optimizer": method}, seed,
+                            TrainConfig(out_dir=str(out))))  # fmt: skip
+    figures = []
+    monkeypatch.setattr(sweep_report, "save_figure", lambda fig, *a, **k: figures.append(fig))
+    groups = [{"group": r.group} for r in runs]
+    sweep_report.plot_curves(runs, {"best": [], "groups": groups}, tmp_path / "curves.png")
+    (ax,) = figures[0].axes
+    bottom, top = ax.get_ylim()
+    values = [y for line in ax.lines for y in line.get_ydata()]
+    assert bottom < min(values)
+    if cut:
+        assert top < max(values) and "off the top" in ax.get_title()
+    else:
+        assert top > max(values) and "off the top" not in ax.get_title()

@@ -14,11 +14,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 SIGNAL_COLOR, NOISE_COLOR = "tab:blue", "tab:red"
+#: the gid of a panel's statistics box
+STATS = "stats"
 #: singular values below this fraction of the largest are round-off zeros (not drawn, counted)
 ZERO_RATIO = 1e-12
 
 
-def _grid(layers: list[str], steps: list[int]) -> tuple[plt.Figure, np.ndarray]:
+def _grid(
+    layers: list[str], steps: list[int], xlabel: str, ylabel: str
+) -> tuple[plt.Figure, np.ndarray]:
+    """One panel per (layer, step): steps as column titles, the layer and ``ylabel`` on the
+    left of each row, ``xlabel`` under the bottom row."""
     fig, axes = plt.subplots(
         len(layers),
         len(steps),
@@ -28,13 +34,33 @@ def _grid(layers: list[str], steps: list[int]) -> tuple[plt.Figure, np.ndarray]:
     for j, step in enumerate(steps):
         axes[0, j].set_title(f"step {step}", fontsize=10, fontweight="bold")
     for i, name in enumerate(layers):
-        axes[i, 0].set_ylabel(short_name(name), fontsize=8)
+        axes[i, 0].set_ylabel(f"{short_name(name)}\n{ylabel}", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel, fontsize=8)
     return fig, axes
 
 
+def _stats_box(ax: plt.Axes, text: str) -> None:
+    """``text`` in the panel's top-left corner on a white box; :func:`_finish` then raises the
+    y-axis so that the box sits above every bar."""
+    box = {"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1.5}
+    ax.text(0.02, 0.96, text, va="top", fontsize=7, transform=ax.transAxes, bbox=box, gid=STATS)
+
+
 def _finish(fig: plt.Figure) -> None:
-    """Lay the panels out below the title (about 0.6 inch for it)."""
+    """Lay the panels out below the title (about 0.6 inch for it), then give each panel with a
+    statistics box the headroom that keeps the box above its tallest bar."""
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_figheight()))
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        boxes = [t for t in ax.texts if t.get_gid() == STATS]
+        tallest = max((p.get_height() for p in ax.patches), default=0.0)
+        if not boxes or tallest <= 0:
+            continue
+        panel = ax.get_window_extent(renderer)
+        below = min(t.get_window_extent(renderer).y0 for t in boxes)
+        free = (below - panel.y0) / panel.height  # the share of the panel under the text
+        ax.set_ylim(0.0, tallest / max(0.2, free - 0.04))
 
 
 def short_name(name: str) -> str:
@@ -73,7 +99,7 @@ def spectra_figure(data: dict[str, Any], which: str) -> plt.Figure:
     """Histograms of the singular values of the gradient (``which="grad"``) or the update
     (``"update"``), log scale, with σ_max, σ_min and κ = σ_max/σ_min in each panel."""
     layers, steps = list(data["layers"]), data["steps"]
-    fig, axes = _grid(layers, steps)
+    fig, axes = _grid(layers, steps, "singular value σ (log scale)", "count")
     for i, name in enumerate(layers):
         by_step = {r["step"]: r for r in data["layers"][name]["records"]}
         for j, step in enumerate(steps):
@@ -92,8 +118,12 @@ def spectra_figure(data: dict[str, Any], which: str) -> plt.Figure:
             text += f"\nσmax/median {_fmt(c['max_over_median'])}"
             if shown.size < s.size:
                 text += f"\n{s.size - shown.size} ≈ 0"
-            ax.text(0.02, 0.95, text, va="top", fontsize=7, transform=ax.transAxes)
-    label = "gradient g_k" if which == "grad" else "update U_k = −(X_{k+1} − (1−ηλ)X_k)/η"
+            _stats_box(ax, text)
+    label = (
+        r"gradient $g_k$"
+        if which == "grad"
+        else r"update $U_k = -(X_{k+1} - (1-\eta\lambda)\,X_k)\,/\,\eta$"
+    )
     fig.suptitle(f"{data['optimizer']}: singular values of the {label}", fontsize=11)
     _finish(fig)
     return fig
@@ -103,7 +133,7 @@ def noise_spectra_figure(data: dict[str, Any]) -> plt.Figure:
     """Per panel: the singular values of the signal G (blue), the top-r singular values of the
     noises N (red), and ‖G‖₂ (dashed)."""
     layers, steps = list(data["layers"]), data["steps"]
-    fig, axes = _grid(layers, steps)
+    fig, axes = _grid(layers, steps, "singular value σ (log scale)", "count")
     for i, name in enumerate(layers):
         by_step = {r["step"]: r for r in data["layers"][name]["records"]}
         for j, step in enumerate(steps):
@@ -117,8 +147,7 @@ def noise_spectra_figure(data: dict[str, Any]) -> plt.Figure:
             ax.axvline(r["signal_norm"], color="k", ls="--", lw=0.8, label="‖G‖₂")
             _log_axis(ax)
             share = r["summary"]["fraction_noise_top_above_signal"]
-            ax.text(0.02, 0.95, f"σ₁(N) > ‖G‖₂: {share:.0%}", va="top", fontsize=7,
-                    transform=ax.transAxes)  # fmt: skip
+            _stats_box(ax, f"σ₁(N) > ‖G‖₂: {share:.0%}")
     axes[0, -1].legend(fontsize=7, loc="center right")
     fig.suptitle(
         f"{data['optimizer']}: singular values of the large-batch gradient G "
@@ -133,7 +162,7 @@ def noise_spectra_figure(data: dict[str, Any]) -> plt.Figure:
 def noise_distance_figure(data: dict[str, Any]) -> plt.Figure:
     """Per panel: histograms of the spectral and chordal distances d_r(N, G) over the samples."""
     layers, steps = list(data["layers"]), data["steps"]
-    fig, axes = _grid(layers, steps)
+    fig, axes = _grid(layers, steps, "distance d_r(N, G)", "samples")
     bins = np.linspace(0.0, 1.0, 41)
     for i, name in enumerate(layers):
         by_step = {r["step"]: r for r in data["layers"][name]["records"]}

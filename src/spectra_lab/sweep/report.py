@@ -118,6 +118,10 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the widest range of validation loss curves.png shows, from the lowest value up
+CURVES_SPAN = 1.5
+
+
 def plot_curves(runs: list[Run], report: dict[str, Any], path: Path) -> None:
     """Validation loss per group: the mean over its seeds, and a min–max band.
 
@@ -130,6 +134,7 @@ def plot_curves(runs: list[Run], report: dict[str, Any], path: Path) -> None:
 
     wanted = {b["group"] for b in report["best"]} or {g["group"] for g in report["groups"]}
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    band: list[float] = []
     for group in sorted(wanted):
         curves = [dict(curve(r)) for r in runs if r.group == group]
         steps = sorted(set().union(*curves)) if curves else []
@@ -143,16 +148,23 @@ def plot_curves(runs: list[Run], report: dict[str, Any], path: Path) -> None:
                 hi.append(max(vals))
         if not xs:
             continue
-        (line,) = ax.plot(xs, mean, label=f"{group} (n={len(curves)})")
+        (line,) = ax.plot(xs, mean, marker="o", ms=3, label=f"{group} (n={len(curves)})")
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+        band += [y for y in lo + hi if math.isfinite(y)]
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
-    ax.set_title("validation loss: mean over seeds, min–max band")
+    title = "validation loss: mean over seeds, min–max band"
+    if band:
+        low, high = min(band), max(band)
+        top = min(high, low + CURVES_SPAN)  # early, very high losses would flatten the rest
+        pad = 0.05 * max(top - low, 1e-3)
+        ax.set_ylim(low - pad, top + pad)
+        if high > top:
+            title += f"\n(losses above {top:.3g} are off the top)"
+    ax.set_title(title)
     if ax.lines:
         ax.legend(fontsize=7)
-        finite = [y for ln in ax.lines for y in ln.get_ydata() if math.isfinite(y)]
-        if finite:  # the early, very high losses would flatten the differences that matter
-            ax.set_ylim(min(finite) - 0.05, min(max(finite), min(finite) + 1.5))
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path, dpi=120)
 
