@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 SIGNAL_COLOR, NOISE_COLOR = "tab:blue", "tab:red"
+#: the height above the panels for a grid's title, and for its legend row
+TITLE_INCHES, LEGEND_INCHES = 0.6, 0.3
 #: the gid of a panel's statistics box
 STATS = "stats"
 #: singular values below this fraction of the largest are round-off zeros (not drawn, counted)
@@ -37,7 +39,17 @@ def _grid(
         axes[i, 0].set_ylabel(f"{short_name(name)}\n{ylabel}", fontsize=8)
     for ax in axes[-1]:
         ax.set_xlabel(xlabel, fontsize=8)
+    for ax in axes.flat:  # counts are whole numbers
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     return fig, axes
+
+
+def _legend(fig: plt.Figure, ax: plt.Axes) -> None:
+    """One legend for the whole grid (the series of ``ax``), in a row under the title."""
+    handles, labels = ax.get_legend_handles_labels()
+    top = 1 - TITLE_INCHES / fig.get_figheight()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, top), ncol=len(labels),
+               fontsize=8, frameon=False)  # fmt: skip
 
 
 def _stats_box(ax: plt.Axes, text: str) -> None:
@@ -48,9 +60,10 @@ def _stats_box(ax: plt.Axes, text: str) -> None:
 
 
 def _finish(fig: plt.Figure) -> None:
-    """Lay the panels out below the title (about 0.6 inch for it), then give each panel with a
-    statistics box the headroom that keeps the box above its tallest bar."""
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_figheight()))
+    """Lay the panels out below the title (and the legend, if any), then give each panel with
+    a statistics box the headroom that keeps the box above its tallest bar."""
+    head = TITLE_INCHES + (LEGEND_INCHES if fig.legends else 0.0)
+    fig.tight_layout(rect=(0, 0, 1, 1 - head / fig.get_figheight()))
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         boxes = [t for t in ax.texts if t.get_gid() == STATS]
@@ -148,7 +161,7 @@ def noise_spectra_figure(data: dict[str, Any]) -> plt.Figure:
             _log_axis(ax)
             share = r["summary"]["fraction_noise_top_above_signal"]
             _stats_box(ax, f"σ₁(N) > ‖G‖₂: {share:.0%}")
-    axes[0, -1].legend(fontsize=7, loc="center right")
+    _legend(fig, axes[0, 0])
     fig.suptitle(
         f"{data['optimizer']}: singular values of the large-batch gradient G "
         f"({data['signal_batch']} sequences, blue)\nand top-{data['rank']} of the "
@@ -174,7 +187,7 @@ def noise_distance_figure(data: dict[str, Any]) -> plt.Figure:
             ax.axvline(chance, color="k", ls=":", lw=0.8, label="chordal, random subspaces")
             ax.set_xlim(0, 1.02)
             ax.tick_params(labelsize=7)
-    axes[0, 0].legend(fontsize=7, loc="upper left")
+    _legend(fig, axes[0, 0])
     fig.suptitle(
         f"{data['optimizer']}: distances d_r between the top-{data['rank']} singular "
         "subspaces\nof the noise N and of the signal G (0: the same, 1: orthogonal)",
