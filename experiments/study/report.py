@@ -730,13 +730,9 @@ def plot_signum(stab: dict | None, path: Path, results: Path = RESULTS) -> bool:
 
 
 def save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
+    from spectra_lab.files import save_figure
 
-    from spectra_lab.files import atomic_path
-
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 # ----- the page ---------------------------------------------------------------------------

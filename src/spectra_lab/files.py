@@ -92,12 +92,33 @@ def write_csv(
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
-    for row in rows:
-        values = [row.get(k, "") for k in header] if isinstance(row, Mapping) else row
-        if float_format is not None:
-            values = [format(v, float_format) if isinstance(v, float) else v for v in values]
-        writer.writerow(values)
+    writer.writerows(_csv_values(header, row, float_format) for row in rows)
     return atomic_write(path, buf.getvalue())
+
+
+def append_csv_row(
+    path: str | os.PathLike, header: Sequence[str], row: Sequence[Any] | Mapping[str, Any]
+) -> None:
+    """Append one row to the CSV table at ``path`` (as :func:`write_csv` writes its rows).
+
+    For a table that grows while it is read, such as a training log: the file must already
+    hold its header (from :func:`write_csv`). An append is not atomic; a crash may leave the
+    last line cut, which :func:`write_csv` of the whole table repairs.
+    """
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(_csv_values(header, row, None))
+    with Path(path).open("a", newline="") as f:
+        f.write(buf.getvalue())
+
+
+def _csv_values(
+    header: Sequence[str], row: Sequence[Any] | Mapping[str, Any], float_format: str | None
+) -> list[Any]:
+    """A row's values in the order of ``header`` (a mapping's missing keys empty)."""
+    values = [row.get(k, "") for k in header] if isinstance(row, Mapping) else list(row)
+    if float_format is not None:
+        values = [format(v, float_format) if isinstance(v, float) else v for v in values]
+    return values
 
 
 def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 100) -> Path:

@@ -11,8 +11,6 @@ written atomically into ``RUN_DIR/eval/``; scores of earlier calls for other tas
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import sys
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spectra_lab.errors import CLIError
-from spectra_lab.files import atomic_write
+from spectra_lab.files import atomic_write, write_csv
 from spectra_lab.runs.scores import EVAL_DIR, SCORE_FIELDS, SCORES_CSV
 
 # The paper's downstream evaluation, 5-shot.
@@ -172,19 +170,11 @@ def scores_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def scores_csv(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=SCORE_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
-
 def write_results(out_dir: Path, results: dict[str, Any]) -> None:
     from lm_eval.utils import handle_non_serializable
 
     rows = score_rows(results)
     text = json.dumps(results, indent=2, default=handle_non_serializable, sort_keys=True)
     atomic_write(out_dir / RESULTS_FILE, text + "\n")
-    atomic_write(out_dir / SCORES_CSV, scores_csv(rows))
+    write_csv(out_dir / SCORES_CSV, SCORE_FIELDS, rows)
     atomic_write(out_dir / SCORES_MD, scores_markdown(rows))

@@ -5,13 +5,11 @@ run's median step and optimizer-step time (and the ratio to the first run), and 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import statistics
 from pathlib import Path
 
 from spectra_lab.errors import CLIError
-from spectra_lab.files import atomic_write
+from spectra_lab.files import atomic_write, save_figure, write_csv
 from spectra_lab.runs.records import perplexity, read_jsonl
 from spectra_lab.runs.scores import read_scores
 
@@ -61,10 +59,7 @@ def plot_comparison(runs: list[Path], labels: list[str], out: Path) -> list[tupl
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(out, buf.getvalue())
+    save_figure(fig, out, dpi=110)
     return finals
 
 
@@ -98,11 +93,8 @@ def downstream_table(runs: list[Path], labels: list[str]) -> list[list[str]]:
     return rows
 
 
-def table_text(rows: list[list[str]], fmt: str) -> str:
-    if fmt == "csv":
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(rows)
-        return buf.getvalue()
+def markdown_text(rows: list[list[str]]) -> str:
+    """``rows`` (the first the header) as a Markdown table: task, metric, shots, scores."""
     lines = ["| " + " | ".join(rows[0]) + " |", "|---|---|---:|" + "---:|" * (len(rows[0]) - 3)]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines) + "\n"
@@ -135,9 +127,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
     if args.downstream:
         rows = downstream_table(runs, labels)
-        print(table_text(rows, "md"), end="")
-        if args.table is not None:
-            fmt = "csv" if args.table.endswith(".csv") else "md"
-            atomic_write(args.table, table_text(rows, fmt))
+        print(markdown_text(rows), end="")
+        if args.table is not None and args.table.endswith(".csv"):
+            write_csv(args.table, rows[0], rows[1:])
+        elif args.table is not None:
+            atomic_write(args.table, markdown_text(rows))
             print(f"wrote {args.table}")
     return 0

@@ -15,7 +15,6 @@ loggers of ``cfg.loggers`` (TensorBoard, W&B; see ``loggers.py``).
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import secrets
@@ -25,7 +24,13 @@ from typing import Any
 
 import yaml
 
-from spectra_lab.files import atomic_write, save_figure, write_csv, write_json_atomic
+from spectra_lab.files import (
+    append_csv_row,
+    atomic_write,
+    save_figure,
+    write_csv,
+    write_json_atomic,
+)
 from spectra_lab.runs.records import perplexity, read_jsonl
 from spectra_lab.train.config import TrainConfig
 from spectra_lab.train.loggers import open_loggers, scalars
@@ -81,10 +86,7 @@ class MetricsWriter:
             (TRAIN_COLUMNS, self.train_csv) if kind == "train" else (EVAL_COLUMNS, self.eval_csv)
         )
         (self.train_records if kind == "train" else self.eval_records).append(record)
-        with path.open("a", newline="") as f:
-            csv.DictWriter(
-                f, fieldnames=columns, extrasaction="ignore", lineterminator="\n"
-            ).writerow(record)
+        append_csv_row(path, columns, record)
 
     def plot(self) -> None:
         plot_curves(self.dir / "loss.png", self.train_records, self.eval_records)
