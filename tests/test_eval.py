@@ -295,6 +295,17 @@ def test_spectra_eval_writes_scores_and_compare_puts_runs_side_by_side(run_dir, 
     out = capsys.readouterr().out
     assert "| task | metric | shots | A | B |" in out
     assert "| shakespeare_lambada | acc | 0 |" in out
+    for name in ("side.csv", "side.md"):
+        table = run_dir / name
+        argv = ["compare", str(run_dir), str(run_dir), "--labels", "A", "B", "--downstream"]
+        assert main([*argv, "--table", str(table)]) == 0
+        lines = table.read_text().splitlines()
+        if name.endswith(".csv"):
+            assert lines[0] == "task,metric,shots,A,B"
+            acc = next(line.split(",") for line in lines if ",acc," in line)
+            assert acc[3] == acc[4] and 0.0 <= float(acc[3]) <= 1.0  # the same run twice
+        else:
+            assert lines[0] == "| task | metric | shots | A | B |"
 
 
 def test_spectra_eval_reports_a_missing_hub_task_in_one_line(run_dir, capsys, monkeypatch):
