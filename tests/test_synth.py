@@ -394,3 +394,24 @@ def test_cli_quick_writes_results_and_figures(tmp_path, capsys):
 def test_cli_rejects_bad_iters(tmp_path, capsys):
     assert main(["synth", "fw", "--out", str(tmp_path), "--iters", "0"]) == 2
     assert "--iters" in capsys.readouterr().err
+
+
+def test_tuning_figure_keeps_each_methods_colour_across_panels(tmp_path, monkeypatch):
+    from matplotlib.colors import to_hex
+
+    from spectra_lab.synth import cli as synth_cli
+
+    figures = {}
+    monkeypatch.setattr(
+        synth_cli, "save_figure", lambda fig, path: figures.setdefault(path.name, fig)
+    )
+    argv = ["synth", "spikes", "--out", str(tmp_path), "--quick", "--iters", "20", "--no-progress"]
+    assert main(argv) == 0
+    fig = figures["spikes_tuning.png"]
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+    colours = {}
+    for ax in fig.axes:
+        for line in ax.lines:
+            colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+    assert len(colours) == 5 and all(len(c) == 1 for c in colours.values())
+    assert len({c.pop() for c in colours.values()}) == 5

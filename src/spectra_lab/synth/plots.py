@@ -18,6 +18,10 @@ METHOD_LABELS = {
     "sgdm": "SGD-M",
     "sgdm_pre_clip": "SGD-M + spectral pre-clip",
 }
+#: line widths of the methods in order, widest first, so that coinciding curves stay visible
+WIDTHS = (3.0, 1.8, 0.9)
+#: markers of the methods in order (open, so that coinciding points stay visible)
+MARKERS = ("o", "s", "^", "v", "D")
 RESIDUAL_FLOOR = 1e-16  # residuals at or below float64 round-off are drawn here
 
 
@@ -48,7 +52,10 @@ def fw_figure(res: FWResults, mode: str, radius: float) -> plt.Figure:
     else:
         runs = max(h.objective.shape[0] for (m, _, _), h in res.histories.items() if m == mode)
         how = f"batch {res.config.batch_size}, β_k = (k+1)^(-2/3), mean of {runs} runs"
-    fig.suptitle(f"Post-spectral clipping with the Theorem's parameters, D₂ = {radius:g} ({how})")
+    fig.suptitle(
+        f"Post-spectral clipping with the Theorem's parameters on F(X) = f(X) + (b/2)‖X‖_F², "
+        f"‖X‖₂ ≤ D₂ = {radius:g} ({how})"
+    )
     fig.tight_layout()
     return fig
 
@@ -58,7 +65,7 @@ def spike_figure(res: SpikeResults, methods: tuple[str, ...]) -> plt.Figure:
     scales = res.config.scales
     fig, axes = plt.subplots(1, len(scales), figsize=(5 * len(scales), 3.8), squeeze=False)
     for ax, scale in zip(axes[0], scales, strict=True):
-        for method in methods:
+        for i, method in enumerate(methods):
             runs = res.runs.get((scale, method))
             if runs is None:
                 continue
@@ -68,6 +75,7 @@ def spike_figure(res: SpikeResults, methods: tuple[str, ...]) -> plt.Figure:
                 continue
             ax.plot(
                 runs.losses[best],
+                lw=WIDTHS[i % len(WIDTHS)],
                 label=f"{METHOD_LABELS[method]}, η₀ = {float(runs.eta0[best]):.3g}",
             )
         ax.set_yscale("log")
@@ -83,24 +91,28 @@ def spike_figure(res: SpikeResults, methods: tuple[str, ...]) -> plt.Figure:
 
 
 def tuning_figure(res: SpikeResults) -> plt.Figure:
-    """One panel per ℓ: final training loss vs η₀ for every method (diverged runs omitted)."""
-    scales = res.config.scales
-    fig, axes = plt.subplots(1, len(scales), figsize=(5 * len(scales), 3.8), squeeze=False)
+    """One panel per ℓ: final training loss vs η₀ for every method (diverged runs omitted).
+
+    Each method keeps its colour and marker in every panel, and one legend serves them all.
+    """
+    scales, methods = res.config.scales, res.config.methods
+    fig, axes = plt.subplots(1, len(scales), figsize=(5 * len(scales), 4.2), squeeze=False)
     for ax, scale in zip(axes[0], scales, strict=True):
-        for method in res.config.methods:
+        for i, method in enumerate(methods):
             runs = res.runs.get((scale, method))
             if runs is None:
                 continue
             final = runs.final_losses()
             ok = torch.isfinite(final)
-            if ok.any():
-                ax.plot(runs.eta0[ok], final[ok], marker="o", ms=3, label=METHOD_LABELS[method])
+            ax.plot(runs.eta0[ok], final[ok], marker=MARKERS[i % len(MARKERS)], ms=5,
+                    color=f"C{i}", mfc="none", label=METHOD_LABELS[method])  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
         _label(ax, f"ℓ = {scale:g}", "η₀", "final training loss")
-        ax.legend(fontsize=7)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     fig.suptitle("Step-size sensitivity (missing points: diverged, i.e. final loss > f(X₀))")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
