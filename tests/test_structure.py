@@ -1,5 +1,5 @@
-"""The shape of the code: functions short enough to read in one sitting, and the harness's
-rooms importing downwards only (no loop between its packages)."""
+"""The shape of the code: functions short enough to read in one sitting, the harness's rooms
+and the library's floors importing downwards only (no loop between their packages)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ ORDER = (
     "cli",
     "__main__",
 )
+
+
+#: the library's floors, lowest first: a floor may import only those before it
+LIBRARY_ORDER = ("validate", "ops", "optim", "monitor", "__init__")
 
 
 def modules() -> list[tuple[Path, ast.Module]]:
@@ -72,3 +76,17 @@ def test_library_never_imports_the_harness():
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom):
                     assert not (node.module or "").startswith("spectra_lab"), path
+
+
+def test_library_floors_import_downwards_only():
+    upward = []
+    for path, tree in modules():
+        if SRC / "spectra" not in path.parents:
+            continue
+        here = path.relative_to(SRC / "spectra").with_suffix("").parts[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("spectra."):
+                there = node.module.split(".")[1]
+                if there != here and LIBRARY_ORDER.index(there) > LIBRARY_ORDER.index(here):
+                    upward.append(f"{path.relative_to(SRC)}:{node.lineno} {here} -> {there}")
+    assert upward == []
