@@ -394,9 +394,14 @@ def test_registry_defaults_are_the_papers_settings_and_optimizer_kwargs_override
     post = build_optimizer(model, orth, build_lr_lambda(cfg))
     assert {g["post"] for g in post.param_groups if g["clip_c"] is not None} == {"orthogonalize"}
     tuned = dataclasses.replace(cfg, optimizer_kwargs={"betas": [0.8, 0.99], "clip_method": "svd"})
-    opt = build_optimizer(model, tuned, build_lr_lambda(cfg))
+    lr_lambda = build_lr_lambda(cfg)
+    opt = build_optimizer(model, tuned, lr_lambda)
     assert opt.param_groups[0]["betas"] == [0.8, 0.99]
     assert opt.param_groups[0]["eps"] == 1e-8 and opt.param_groups[0]["clip_method"] == "svd"
+    # the engine options of spectra's own optimizers pass through too
+    engine = {"nonfinite": "skip", "chunk_elements": 4096, "split_work": False}
+    opt = build_optimizer(model, dataclasses.replace(cfg, optimizer_kwargs=engine), lr_lambda)
+    assert {k: opt.defaults[k] for k in engine} == engine
 
 
 @pytest.mark.parametrize(
@@ -405,6 +410,7 @@ def test_registry_defaults_are_the_papers_settings_and_optimizer_kwargs_override
         ('{"bta1": 0.8}', "spectra-adamw takes no keyword 'bta1'"),
         ('{"betas": [0.8, 0.99], "lr": 1}', "set the config field 'lr' instead"),
         ('{"momentum": 0.9}', "spectra-adamw takes no keyword 'momentum'"),
+        ('{"chunk_elemnts": 1000}', "(did you mean 'chunk_elements'?)"),
     ],
 )
 def test_optimizer_kwargs_the_optimizer_does_not_take_are_a_one_line_error(kwargs, needle, capsys):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 import spectra
+from spectra.optim.base import ENGINE_OPTIONS, SpectraOptimizer
 from spectra.validate import check_choice
 from spectra_lab.train.config import ConfigError, TrainConfig, did_you_mean
 
@@ -185,6 +186,8 @@ class Recipe:
         named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
         if any(p.kind is p.VAR_KEYWORD for p in params):  # spectra's per-group settings
             named.update(SPECTRA_KEYWORDS)
+        if isinstance(self.optimizer, type) and issubclass(self.optimizer, SpectraOptimizer):
+            named.update(ENGINE_OPTIONS)  # how the step runs: nonfinite, chunk_elements, ...
         return named - {"params", *CONFIG_KEYWORDS}
 
 
