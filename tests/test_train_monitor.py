@@ -178,6 +178,9 @@ def test_wandb_offline_run_holds_the_logged_scalars(train_dataset, tmp_path):
     cfg = small_config(train_dataset, tmp_path / "run", steps=4, eval_interval=2, warmup_steps=1,
                        monitor_every=2, loggers=["wandb"])  # fmt: skip
     train(cfg)
+    import wandb
+
+    wandb.teardown()  # the service writes the .wandb file; wait until it has exited
     run_id = json.loads((tmp_path / "run" / "run.json").read_text())["wandb_id"]
     (offline,) = (tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}")
     history = wandb_history(offline / f"run-{run_id}.wandb")
