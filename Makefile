@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint bench clean
+.PHONY: setup train test lint bench gpu-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,15 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/spectra bench ops $(ARGS)
+
+# On a machine with a CUDA GPU, with its own python3 and torch (nothing is installed):
+# the CUDA tests, bench ops/optim and 124M training runs, JSON under docs/data/gpu/.
+# Its python3 if that has torch, else .venv's.
+gpu-check:
+	@if $(PY) -c "import torch" 2>/dev/null; then py=$(PY); \
+	elif [ -x $(BIN)/python ]; then py=$(BIN)/python; \
+	else echo "gpu-check: no python with torch here, so no CUDA GPU to check"; exit 0; fi; \
+	PYTHONPATH=src $$py -m spectra_lab bench gpu-check $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

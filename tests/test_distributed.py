@@ -148,14 +148,16 @@ class Net(nn.Module):
         return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
 
 
-def _net_run(name: str, sharded: bool) -> dict[str, torch.Tensor]:
+def _net_run(
+    name: str, sharded: bool, device: str = "cpu", world: int = WORLD
+) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    net = Net()
+    net = Net().to(device)
     if sharded:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (WORLD,))
+        mesh = init_device_mesh(device, (world,))
         for m in (net.a, net.b, net.c):
             fully_shard(m, mesh=mesh)
         fully_shard(net, mesh=mesh)
@@ -163,7 +165,7 @@ def _net_run(name: str, sharded: bool) -> dict[str, torch.Tensor]:
     opt = BASELINES[name](params) if name in BASELINES else OPTIMIZERS[name](params, **SPECTRA_KW)
     g = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
-        x = torch.randn(16, 5, generator=g, dtype=torch.float64)  # the same batch on every rank
+        x = torch.randn(16, 5, generator=g, dtype=torch.float64).to(device)  # same on every rank
         loss = 1e3 * net(x).square().mean()  # large gradients: the clips act
         loss.backward()
         opt.step()
@@ -171,7 +173,7 @@ def _net_run(name: str, sharded: bool) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in net.state_dict().items():
         out[key] = value.full_tensor() if hasattr(value, "full_tensor") else value
-    return {k: v.detach().clone() for k, v in out.items()}
+    return {k: v.detach().cpu().clone() for k, v in out.items()}
 
 
 def _fsdp_worker(rank: int, tmp: Path) -> None:

@@ -30,6 +30,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "spectra_lab.bench.gpu_model",
         "flop and launch-count model of soft clipping on an H100 (not a measurement)",
     ),
+    "gpu-check": (
+        "spectra_lab.bench.gpu_check",
+        "every GPU check at once: CUDA tests, bench ops/optim, 124M training (make gpu-check)",
+    ),
     "record-inputs": (
         "spectra_lab.bench.inputs",
         "record update directions from real cpu-small runs for bench ops",

@@ -32,6 +32,7 @@ from spectra.ops import orthogonalize, soft_clip
 from spectra.ops._common import single_thread_lapack
 from spectra.ops.spectral import polar_steps
 from spectra.validate import check_int, check_number
+from spectra_lab.bench.precision import add_tf32_argument, apply_tf32, device_about
 from spectra_lab.bench.tables import markdown_table, text_table
 from spectra_lab.files import atomic_write, save_figure
 
@@ -579,6 +580,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="tiny shapes (unless --sizes), one repeat"
     )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if any)")
+    add_tf32_argument(parser)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (1 is robust to a busy CPU)"
     )
@@ -658,7 +660,8 @@ def _write(args: argparse.Namespace, cells: list[Cell], header: str, about: dict
     if not args.out:
         return
     if args.out.endswith(".json"):
-        keys = ("device", "torch", "threads", "clip_c", "matmul_gflops")
+        keys = ("device", "gpu", "float32_matmul_precision", "torch", "threads", "clip_c")
+        keys += ("matmul_gflops",)
         payload = {**{k: about[k] for k in keys}, "cells": [asdict(cell) for cell in cells]}
         atomic_write(args.out, json.dumps(payload, indent=1) + "\n")
     else:
@@ -671,6 +674,7 @@ def _write(args: argparse.Namespace, cells: list[Cell], header: str, about: dict
 def run(args: argparse.Namespace) -> int:
     """``spectra bench ops``: time the methods, print the tables, write the files asked for."""
     _check(args)
+    apply_tf32(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     repeats = 1 if args.quick else args.repeats
@@ -698,7 +702,7 @@ def run(args: argparse.Namespace) -> int:
     print(header + "\n" + terminal_report(cells, sizes=bool(args.sizes)), end="")
     about = {
         "device": device_name, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "clip_c": CLIP_C, "matmul_gflops": rates, "repeats": repeats,
+        "clip_c": CLIP_C, "matmul_gflops": rates, "repeats": repeats, **device_about(device),
     }  # fmt: skip
     _write(args, cells, header, about)
     return 0

@@ -61,6 +61,7 @@ import spectra.optim as so
 from spectra.ops import soft_clip_paper
 from spectra.optim.wrapper import eighth_chunks
 from spectra.validate import check_int
+from spectra_lab.bench.precision import add_tf32_argument, apply_tf32, device_about
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
 
@@ -460,6 +461,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    add_tf32_argument(parser)
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
@@ -475,6 +477,7 @@ def run(args: argparse.Namespace) -> int:
             check_int(f"--matrices {name}", value, low=1)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    apply_tf32(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.matrices:
@@ -504,6 +507,7 @@ def run(args: argparse.Namespace) -> int:
         progress=lambda row: print(f"  done: {row}", file=sys.stderr, flush=True),
     )
     report["notes"] = notes
+    report.update(device_about(args.device))
     print(format_table(report), flush=True)
     if args.json:
         _write_json(args.json, report)

@@ -1,0 +1,303 @@
+"""``spectra bench gpu-check`` (``make gpu-check``): every GPU check in one command.
+
+Run as it is on a machine with a CUDA GPU, with that machine's own ``python3`` and torch
+(``make gpu-check`` puts ``src/`` on ``PYTHONPATH``; nothing is installed). Each part runs in
+its own process, so that one failing part leaves the others their say, and writes JSON under
+``--out`` (default ``docs/data/gpu/``):
+
+============================  ===============================================================
+``tests.json``                ``pytest -m cuda``: every operator and optimizer on CUDA in
+                              float32 and bf16, bf16 autocast, ``torch.compile`` of the step,
+                              NCCL with world size 1 through the FSDP2 path and the trainer
+``train.json``                the 124M model, a few dozen steps under bf16 autocast, eager and
+                              ``torch.compile``-d, Spectra-AdamW against torch AdamW:
+                              tokens/s, MFU and peak memory (median over the steps after the
+                              first ``TRAIN_SKIP``; random tokens from a 50304-token
+                              vocabulary, since a step's time does not depend on them)
+``bench_ops[_tf32].json``     ``spectra bench ops`` at the paper's shapes against the paper's
+                              bf16 Algorithm 1, float32 products in full precision / TF32
+``bench_optim[_tf32].json``   ``spectra bench optim`` at the 124M shapes against the paper's
+                              bf16 wrapper, likewise
+``gpu_check.json``            the index: GPU, torch, CUDA, commit, each part's status,
+                              seconds and headline figures (rewritten after every part)
+============================  ===============================================================
+
+Parts that would overrun ``--budget`` seconds (default 540, inside a 10-minute allotment) are
+recorded as not run. Without a CUDA GPU the command prints one line and exits 0. The exit
+status is 1 when a part failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spectra.validate import check_number
+from spectra_lab.errors import CLIError
+from spectra_lab.files import write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_OUT = ROOT / "docs" / "data" / "gpu"
+#: The 124M training runs: steps, sequences per step, steps left out of the medians
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_SKIP = 40, 16, 10
+TRAIN_VOCAB, TRAIN_TOKENS = 50304, 2_000_000
+#: The operator benchmark's cells: the paper's 124M shapes, Adam-like, sign and recorded inputs
+OPS_ARGS = (
+    "--shapes", "768x768", "768x3072", "2048x2048", "--inputs", "adam_spike", "sign", "recorded",
+    "--dtypes", "fp32", "bf16", "--methods", "auto", "polar", "polar_bf16", "paper_bf16",
+    "paper_fp32", "--paper-bf16", "always", "--repeats", "10", "--no-progress",
+)  # fmt: skip
+OPTIM_ARGS = ("--repeats", "10", "--warmup", "2")
+TAIL = 3000  # characters of a failed part's output kept in the index
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", default=str(DEFAULT_OUT), help="folder of the JSON files (docs/data/gpu)"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=540.0, help="seconds for all parts together (540)"
+    )
+
+
+# --------------------------------------------------------------------------- running a part
+
+
+def spectra_command(*argv: str) -> list[str]:
+    """``python -m spectra_lab ARGV`` with this interpreter."""
+    return [sys.executable, "-m", "spectra_lab", *argv]
+
+
+def run_process(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """Exit status and output (stdout and stderr) of ``cmd``; status 124 on timeout."""
+    paths = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"") + (exc.stderr or b"")
+        text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+        return 124, text + f"\n(stopped after {timeout:.0f} s)"
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def failed(status: int, output: str) -> dict[str, Any]:
+    return {"status": "failed", "exit": status, "tail": output[-TAIL:]}
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def check_tests(out: Path, timeout: float) -> dict[str, Any]:
+    """``pytest -m cuda`` over tests/, summarised from its JUnit report."""
+    # only the modules with cuda tests: the others may import packages this machine lacks
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if "mark.cuda" in p.read_text())  # fmt: skip
+    if not files:
+        return {"status": "not run", "reason": f"no cuda tests in {ROOT / 'tests'}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-q",
+               f"--junitxml={junit}", *files]  # fmt: skip
+        status, output = run_process(cmd, timeout)
+        if not junit.exists():
+            return failed(status, output)
+        cases = ET.parse(junit).getroot().iter("testcase")
+        results = [_case(c) for c in cases]
+    summary = {
+        "tests": len(results),
+        "passed": sum(r["outcome"] == "passed" for r in results),
+        "failed": [r for r in results if r["outcome"] not in ("passed", "skipped")],
+        "skipped": [r for r in results if r["outcome"] == "skipped"],
+        "seconds": round(sum(r["seconds"] for r in results), 1),
+    }
+    write_json_atomic(out / "tests.json", {**summary, "cases": results})
+    ok = status == 0 and not summary["failed"]
+    head = {k: v if isinstance(v, int | float) else len(v) for k, v in summary.items()}
+    return {"status": "passed" if ok else "failed", **head} | ({} if ok else failed(status, output))
+
+
+def _case(case: ET.Element) -> dict[str, Any]:
+    outcome, message = "passed", None
+    for tag in ("failure", "error", "skipped"):
+        node = case.find(tag)
+        if node is not None:
+            outcome, message = tag, (node.get("message") or "").splitlines()[:1]
+    name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+    row = {"name": name, "outcome": outcome, "seconds": float(case.get("time") or 0)}
+    return row if message is None else {**row, "message": message[0] if message else ""}
+
+
+def check_bench_ops(out: Path, timeout: float, tf32: bool) -> dict[str, Any]:
+    name = "bench_ops_tf32.json" if tf32 else "bench_ops.json"
+    cmd = spectra_command("bench", "ops", "--device", "cuda", *OPS_ARGS, "--out", str(out / name))
+    status, output = run_process(cmd + (["--tf32"] if tf32 else []), timeout)
+    if status != 0:
+        return failed(status, output)
+    cells = json.loads((out / name).read_text())["cells"]
+    ratios: dict[str, list[float]] = {}
+    for c in cells:
+        if c["vs_paper_bf16"] == c["vs_paper_bf16"]:  # not nan
+            ratios.setdefault(c["method"], []).append(c["vs_paper_bf16"])
+    worst = {m: max(c["rel_err"] for c in cells if c["method"] == m) for m in ratios}
+    return {
+        "status": "passed", "file": name,
+        "median_vs_paper_bf16": {m: round(statistics.median(r), 3) for m, r in ratios.items()},
+        "max_error": {m: float(f"{e:.2g}") for m, e in worst.items()},
+    }  # fmt: skip
+
+
+def check_bench_optim(out: Path, timeout: float, tf32: bool) -> dict[str, Any]:
+    name = "bench_optim_tf32.json" if tf32 else "bench_optim.json"
+    cmd = spectra_command("bench", "optim", "--device", "cuda", *OPTIM_ARGS, "--json",
+                          str(out / name))  # fmt: skip
+    status, output = run_process(cmd + (["--tf32"] if tf32 else []), timeout)
+    if status != 0:
+        return failed(status, output)
+    rows = json.loads((out / name).read_text())["rows"]
+    return {
+        "status": "passed", "file": name,
+        "step_ms": {r["method"]: round(1e3 * r["step_s"], 2) for r in rows},
+        "vs_paper_bf16": {r["method"]: round(r["vs_bf16"], 3) for r in rows if "vs_bf16" in r},
+    }  # fmt: skip
+
+
+def check_training(out: Path, timeout: float) -> dict[str, Any]:
+    """Four 124M runs (Spectra-AdamW, torch AdamW; eager, compiled) on random tokens."""
+    started, runs = time.monotonic(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_random_tokens(Path(tmp) / "tokens", TRAIN_VOCAB, TRAIN_TOKENS)
+        for compiled in (False, True):
+            for optimizer in ("torch-adamw", "spectra-adamw"):
+                left = timeout - (time.monotonic() - started)
+                run_dir = Path(tmp) / f"{optimizer}{'-compiled' if compiled else ''}"
+                cmd = spectra_command(
+                    "train", "--preset", "124m", "--steps", str(TRAIN_STEPS),
+                    "--batch-size", str(TRAIN_BATCH), "--optimizer", optimizer,
+                    "--dataset", str(data), "--device", "cuda", "--out", str(run_dir),
+                    "--no-progress", "--warmup-steps", "2", "--set", "autocast=bf16",
+                    "--set", "log_interval=1", "--set", "eval_batches=1",
+                    "--set", f"eval_interval={TRAIN_STEPS}", "--set", "checkpoint_interval=0",
+                    "--set", "keep_checkpoints=0", "--set", "plot=false",
+                    *(["--compile"] if compiled else []),
+                )  # fmt: skip
+                status, output = run_process(cmd, max(left, 1.0))
+                if status != 0:
+                    return {**failed(status, output), "runs": runs}
+                runs.append({"optimizer": optimizer, "compile": compiled, **_throughput(run_dir)})
+    base = {r["compile"]: r["tokens_per_s"] for r in runs if r["optimizer"] == "torch-adamw"}
+    for r in runs:
+        r["tokens_per_s_vs_torch_adamw"] = round(r["tokens_per_s"] / base[r["compile"]], 3)
+    report = {"preset": "124m", "steps": TRAIN_STEPS, "batch_size": TRAIN_BATCH,
+              "median_after_step": TRAIN_SKIP, "autocast": "bf16", "runs": runs}  # fmt: skip
+    write_json_atomic(out / "train.json", report)
+    return {"status": "passed", "file": "train.json", "runs": runs}
+
+
+def write_random_tokens(folder: Path, vocab: int, tokens: int) -> Path:
+    """A prepared dataset (``train.bin``, ``val.bin``, ``meta.json``) of uniform random tokens."""
+    import numpy as np
+
+    from spectra_lab.data.format import token_dtype
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    dtype = token_dtype(vocab)
+    rng.integers(0, vocab, tokens, dtype=dtype).tofile(folder / "train.bin")
+    rng.integers(0, vocab, tokens // 16, dtype=dtype).tofile(folder / "val.bin")
+    meta = {"vocab_size": vocab, "dtype": np.dtype(dtype).name, "tokenizer": "random tokens"}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def _throughput(run_dir: Path) -> dict[str, Any]:
+    """Medians of tokens/s and MFU after the first steps, and the peak memory, of a run."""
+    from spectra_lab.runs.records import read_jsonl
+
+    steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
+    kept = [r for r in steps if r["step"] > TRAIN_SKIP] or steps
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in kept if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    mfu = median("mfu")
+    peaks = [r["peak_mem_gb"] for r in steps if r.get("peak_mem_gb") is not None]
+    return {
+        "tokens_per_s": round(median("tokens_per_s") or 0.0),
+        "mfu": None if mfu is None else round(mfu, 4),
+        "peak_mem_gb": max(peaks) if peaks else None,
+        "final_loss": steps[-1]["loss"] if steps else None,
+    }
+
+
+PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
+    # name: (part, its time limit in seconds)
+    "tests": (check_tests, 240.0),
+    "train": (check_training, 240.0),
+    "bench_ops": (lambda out, t: check_bench_ops(out, t, tf32=False), 120.0),
+    "bench_optim": (lambda out, t: check_bench_optim(out, t, tf32=False), 90.0),
+    "bench_ops_tf32": (lambda out, t: check_bench_ops(out, t, tf32=True), 120.0),
+    "bench_optim_tf32": (lambda out, t: check_bench_optim(out, t, tf32=True), 90.0),
+}
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def about_machine() -> dict[str, Any]:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                            capture_output=True, check=False).stdout.strip()  # fmt: skip
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "commit": commit or None,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        check_number("--budget", args.budget, low=0.0, low_open=True)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if not torch.cuda.is_available():
+        print(f"gpu-check: no CUDA GPU here (torch {torch.__version__}); nothing to check")
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    index: dict[str, Any] = {**about_machine(), "budget_s": args.budget, "parts": {}}
+    deadline = time.monotonic() + args.budget
+    for name, (part, limit) in PARTS.items():
+        left = deadline - time.monotonic()
+        if left < min(limit, 30.0):
+            index["parts"][name] = {"status": "not run", "reason": f"{left:.0f} s of budget left"}
+        else:
+            print(f"gpu-check: {name} ...", flush=True)
+            started = time.monotonic()
+            result = part(out, min(limit, left))
+            index["parts"][name] = {**result, "seconds": round(time.monotonic() - started, 1)}
+        print(f"gpu-check: {name}: {index['parts'][name]['status']}", flush=True)
+        write_json_atomic(out / "gpu_check.json", index)
+    statuses = [p["status"] for p in index["parts"].values()]
+    print(f"gpu-check: {statuses.count('passed')} of {len(statuses)} parts passed; "
+          f"results in {out}")  # fmt: skip
+    return 1 if "failed" in statuses else 0

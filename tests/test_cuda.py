@@ -1,0 +1,227 @@
+"""Every operator and optimizer on a CUDA GPU, against float64 references computed on the CPU.
+
+Marked ``cuda``: the default run deselects them (``-m 'not cuda'`` in pyproject.toml) and
+``make gpu-check`` runs them (``pytest -m cuda``). Without a GPU each fails with one line.
+
+* Operators: float32 and bf16 inputs, single and batched, against the float64 SVD of the same
+  (dtype-rounded) input.
+* Optimizers: every entry of the conformance suite, three steps in float32 and in bf16 from the
+  same gradients, against the float64 run on the CPU: the CUDA run must be as close to it as the
+  CPU run in the same dtype is (the CUDA default route is the matmul-only ``polar``, the CPU's
+  the exact ``eigh``; both are within 1e-3 per singular direction).
+* bf16 autocast in the trainer, ``torch.compile`` of ``optimizer.step``, and NCCL with world
+  size 1 through the FSDP2 path and the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import spectra.optim as so
+from spectra.ops import coordinate_clip, global_clip, hard_clip, orthogonalize, soft_clip
+from spectra_lab.runs.records import read_jsonl
+from spectra_lab.train import train
+from test_conformance import ENTRIES, feed, params
+from test_distributed import BASELINES, OPTIMIZERS, _net_run
+from test_train import VOCAB, small_config, write_dataset
+
+pytestmark = pytest.mark.cuda
+C = 1.0
+
+
+@pytest.fixture(autouse=True)
+def gpu():
+    """Fail (not skip) without a GPU; full float32 matmuls (no TF32) while a test runs."""
+    if not torch.cuda.is_available():
+        pytest.fail("no CUDA GPU: the cuda tests need one (make gpu-check runs them)")
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield torch.device("cuda")
+    torch.set_float32_matmul_precision(precision)
+
+
+# --------------------------------------------------------------------------- operators
+
+
+def spread_matrix(shape: tuple[int, ...], top: float, seed: int = 0) -> torch.Tensor:
+    """A float64 matrix (batch) with singular values log-spaced from ``top`` down to 1e-3·c."""
+    g = torch.Generator().manual_seed(seed)
+    *batch, m, n = shape
+    k = min(m, n)
+    U, _ = torch.linalg.qr(torch.randn(*batch, m, k, generator=g, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(*batch, n, k, generator=g, dtype=torch.float64))
+    s = torch.logspace(math.log10(top), -3, k, dtype=torch.float64) * C
+    return U @ torch.diag_embed(s.expand(*batch, k)) @ V.mT
+
+
+def svd_map(X: torch.Tensor, phi) -> torch.Tensor:
+    U, s, Vh = torch.linalg.svd(X.double(), full_matrices=False)
+    return U @ torch.diag_embed(phi(s)) @ Vh
+
+
+SOFT = lambda s: s / torch.sqrt(1 + (s / C) ** 2)  # noqa: E731
+HARD = lambda s: s.clamp(max=C)  # noqa: E731
+ORTH = lambda s: (s > s.amax(-1, keepdim=True) * 1e-12).double()  # noqa: E731
+#: name -> (operator on the device, its float64 reference, bound on the error in float32)
+OPERATORS = {
+    "soft_clip/auto": (lambda X: soft_clip(X, C), SOFT, 2e-3),
+    "soft_clip/polar": (lambda X: soft_clip(X, C, method="polar"), SOFT, 2e-3),
+    "soft_clip/polar-bf16": (
+        lambda X: soft_clip(X, C, method="polar", ns_dtype=torch.bfloat16),
+        SOFT,
+        1e-2,
+    ),
+    "soft_clip/eigh": (lambda X: soft_clip(X, C, method="eigh"), SOFT, 1e-4),
+    "soft_clip/svd": (lambda X: soft_clip(X, C, method="svd"), SOFT, 1e-4),
+    "hard_clip/auto": (lambda X: hard_clip(X, C), HARD, 1e-4),
+    "hard_clip/svd": (lambda X: hard_clip(X, C, method="svd"), HARD, 1e-4),
+    "orthogonalize/svd": (lambda X: orthogonalize(X), ORTH, 1e-4),
+}
+SHAPES = [(96, 48), (48, 96), (3, 40, 72)]
+
+
+def rel_error(Y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((Y.double().cpu() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", OPERATORS)
+def test_operator_on_cuda_matches_the_float64_svd(name, shape, dtype, gpu):
+    op, phi, bound = OPERATORS[name]
+    X = spread_matrix(shape, top=30.0).to(dtype)  # σ_max/c = 30, as in training
+    Y = op(X.to(gpu))
+    assert Y.device.type == "cuda" and Y.dtype == dtype and Y.shape == X.shape
+    # bf16 output: its own rounding (≈ 2e-3 of the Frobenius norm) comes on top
+    assert rel_error(Y, svd_map(X, phi)) <= (bound if dtype == torch.float32 else 1e-2)
+
+
+#: method -> (steps, σ/‖X‖_F kept, band of the kept singular values): orthogonalize's docstring
+BANDS = {"polar_express": (6, 1e-3, (0.9986, 1.0014)), "muon": (5, 1e-2, (0.68, 1.14))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("method", BANDS)
+def test_iterative_orthogonalization_on_cuda_lands_in_its_documented_band(method, dtype, gpu):
+    steps, floor, (lo, hi) = BANDS[method]
+    slack = 1e-3 if dtype == torch.float32 else 2e-2  # the output's own rounding
+    X = spread_matrix((96, 48), top=30.0).to(dtype)
+    Y = orthogonalize(X.to(gpu), method=method, ns_steps=steps)
+    # the polynomial maps each singular direction of X to itself: read its gain there
+    U, sx, Vh = torch.linalg.svd(X.double(), full_matrices=False)
+    gain = torch.diagonal(U.mT @ Y.double().cpu() @ Vh.mT)
+    kept = gain[sx >= floor * X.double().norm()]
+    assert Y.dtype == dtype and lo - slack <= kept.min() and kept.max() <= hi + slack, kept
+
+
+@pytest.mark.parametrize("op", [global_clip, coordinate_clip], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_elementwise_clips_on_cuda_match_the_cpu(op, dtype, gpu):
+    X = spread_matrix((3, 40, 72), top=30.0).to(dtype)
+    ref = op(X.double(), 0.05)
+    assert rel_error(op(X.to(gpu), 0.05), ref) <= (1e-6 if dtype == torch.float32 else 5e-3)
+
+
+# --------------------------------------------------------------------------- optimizers
+
+
+def displacement(entry, dtype: torch.dtype, device: str, lr: float) -> list[torch.Tensor]:
+    """``p₃ − p₀`` in float64 on the CPU after three steps of ``entry`` from the same grads."""
+    ps = [p.detach().to(device).requires_grad_() for p in params(dtype)]
+    start = [p.detach().double().cpu().clone() for p in ps]
+    opt = entry(ps) if entry.name.startswith("Spectra(SGD)") else entry(ps, lr=lr)
+    for k in range(3):
+        feed(ps, k)
+        opt.step()
+    for p in ps:
+        for key, value in opt.state[p].items():
+            if torch.is_tensor(value) and value.dim() > 0 and key != "step":
+                assert value.device == p.device, key
+    return [p.detach().double().cpu() - s for p, s in zip(ps, start, strict=True)]
+
+
+def distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    num = sum(float((x - y).square().sum()) for x, y in zip(a, b, strict=True))
+    return math.sqrt(num / sum(float(y.square().sum()) for y in b))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "lr", "floor"),
+    [(torch.float32, 1e-3, 2e-3), (torch.bfloat16, 1e-1, 2e-2)],
+    ids=["fp32", "bf16"],
+)
+@pytest.mark.parametrize("entry", ENTRIES, ids=repr)
+def test_optimizer_on_cuda_is_as_close_to_float64_as_on_the_cpu(entry, dtype, lr, floor, gpu):
+    # bf16 weights hold an update only where it exceeds their rounding: lr 0.1 makes it visible
+    ref = displacement(entry, torch.float64, "cpu", lr)
+    cpu = distance(displacement(entry, dtype, "cpu", lr), ref)
+    cuda = distance(displacement(entry, dtype, "cuda", lr), ref)
+    assert cuda <= max(3 * cpu, floor), (cuda, cpu)
+
+
+def test_compiled_optimizer_step_on_cuda_matches_eager(gpu):
+    runs = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        ps = [torch.randn(s, device=gpu, requires_grad=True) for s in ((64, 32), (32,))]
+        opt = so.AdamW(ps, lr=1e-2, clip_c=0.5)
+        step = torch.compile(opt.step) if compiled else opt.step
+        for k in range(3):
+            g = torch.Generator(device=gpu).manual_seed(k)
+            for p in ps:
+                p.grad = 3 * torch.randn(p.shape, generator=g, device=gpu)
+            step()
+        runs.append([p.detach() for p in ps])
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+@pytest.fixture(scope="module")
+def train_dataset(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("data") / "markov")
+
+
+def final_val_loss(cfg) -> float:
+    train(cfg)
+    evals = [r for r in read_jsonl(cfg.out_dir + "/metrics.jsonl") if r["kind"] == "eval"]
+    return evals[-1]["val_loss"]
+
+
+def test_bf16_autocast_training_on_cuda_follows_the_float32_run(train_dataset, tmp_path, gpu):
+    losses = {}
+    for autocast in ("bf16", "none"):
+        cfg = small_config(train_dataset, tmp_path / autocast, device="cuda", steps=10,
+                           optimizer="spectra-adamw", autocast=autocast)  # fmt: skip
+        losses[autocast] = final_val_loss(cfg)
+    assert math.isfinite(losses["bf16"]) and losses["bf16"] < math.log(VOCAB)
+    assert losses["bf16"] == pytest.approx(losses["none"], rel=2e-2)
+
+
+# --------------------------------------------------------------------------- NCCL, world size 1
+
+
+def test_nccl_world_size_one_fsdp2_equals_the_unsharded_run(gpu):
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for name in [*OPTIMIZERS, *BASELINES]:
+            got = _net_run(name, sharded=True, device="cuda", world=1)
+            for key, value in _net_run(name, sharded=False, device="cuda").items():
+                torch.testing.assert_close(got[key], value, rtol=1e-10, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_trainer_fsdp2_on_nccl_equals_the_plain_run(train_dataset, tmp_path, gpu):
+    losses = []
+    for parallel in ("ddp", "fsdp2"):
+        cfg = small_config(train_dataset, tmp_path / parallel, device="cuda", steps=6,
+                           optimizer="spectra-adamw", parallel=parallel)  # fmt: skip
+        losses.append(final_val_loss(cfg))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
