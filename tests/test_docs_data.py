@@ -502,3 +502,44 @@ def test_matmul_rates_quoted_from_the_stored_runs():
     assert_quoted(f"({min(emulated):.0f}–{max(emulated):.0f} against "
                   f"{min(emulated_fp32):.0f}–{max(emulated_fp32):.0f} GFLOP/s measured",
                   "docs/operators.md")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the GPU check
+
+
+def test_gpu_page_tables_are_the_stored_gpu_check():
+    from spectra_lab.bench.gpu_check import markdown_summary
+
+    doc = text("docs/gpu.md")
+    for line in markdown_summary(DATA / "gpu").splitlines():
+        assert line in doc, line
+    optim = data("docs/data/gpu/bench_optim.json")["rows"]
+    step = {r["method"]: r["step_s"] for r in optim}
+    ours, paper = 1e3 * step["spectra-adamw"], 1e3 * step["paper-wrap-bf16"]
+    assert_quoted(f"{ours:.1f} against {paper:.1f} ms", "docs/gpu.md")
+    runs = data("docs/data/gpu/train.json")["runs"]
+    eager = next(r for r in runs if r["optimizer"] == "torch-adamw" and not r["compile"])
+    assert_quoted(f"takes about {8192 / eager['tokens_per_s'] * 1e3:.0f} ms", "docs/gpu.md")
+    # the same figures where README.md and the other pages quote them
+    index = data("docs/data/gpu/gpu_check.json")["parts"]
+    auto = [index[p]["median_vs_paper_bf16"]["auto"] for p in ("bench_ops", "bench_ops_tf32")]
+    clip = [index[p]["vs_paper_bf16"]["spectra-adamw"] for p in ("bench_optim", "bench_optim_tf32")]
+    assert_quoted(f"`auto` takes {auto[0]:.2f}× the paper's bf16 run (median of 48 cells; "
+                  f"{auto[1]:.2f}× with TF32)", "README.md")  # fmt: skip
+    assert_quoted(f"takes {clip[0]:.2f}× the paper's bf16 wrapper ({clip[1]:.2f}× with TF32",
+                  "README.md")  # fmt: skip
+    spectra = {r["compile"]: r["tokens_per_s_vs_torch_adamw"] for r in runs
+               if r["optimizer"] == "spectra-adamw"}  # fmt: skip
+    assert_quoted(f"runs at {spectra[False]:.2f}× torch AdamW's tokens/s ({spectra[True]:.2f}×",
+                  "README.md")  # fmt: skip
+
+
+def test_gpu_check_without_cuda_is_one_line_and_success(monkeypatch, capsys):
+    import torch
+
+    from spectra_lab.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "gpu-check", "--out", "/nonexistent/gpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "no CUDA GPU here" in out

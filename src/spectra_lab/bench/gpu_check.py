@@ -149,16 +149,12 @@ def check_bench_ops(out: Path, timeout: float, tf32: bool) -> dict[str, Any]:
     status, output = run_process(cmd + (["--tf32"] if tf32 else []), timeout)
     if status != 0:
         return failed(status, output)
-    cells = json.loads((out / name).read_text())["cells"]
-    ratios: dict[str, list[float]] = {}
-    for c in cells:
-        if c["vs_paper_bf16"] == c["vs_paper_bf16"]:  # not nan
-            ratios.setdefault(c["method"], []).append(c["vs_paper_bf16"])
-    worst = {m: max(c["rel_err"] for c in cells if c["method"] == m) for m in ratios}
+    figures = ops_figures(out / name)
     return {
         "status": "passed", "file": name,
-        "median_vs_paper_bf16": {m: round(statistics.median(r), 3) for m, r in ratios.items()},
-        "max_error": {m: float(f"{e:.2g}") for m, e in worst.items()},
+        "median_vs_paper_bf16": {m: round(f[0], 3) for m, f in figures.items()},
+        "max_error_fp32": {m: float(f"{f[1]:.2g}") for m, f in figures.items()},
+        "max_error_bf16": {m: float(f"{f[2]:.2g}") for m, f in figures.items()},
     }  # fmt: skip
 
 
@@ -297,7 +293,82 @@ def run(args: argparse.Namespace) -> int:
             index["parts"][name] = {**result, "seconds": round(time.monotonic() - started, 1)}
         print(f"gpu-check: {name}: {index['parts'][name]['status']}", flush=True)
         write_json_atomic(out / "gpu_check.json", index)
+    print(markdown_summary(out))
     statuses = [p["status"] for p in index["parts"].values()]
     print(f"gpu-check: {statuses.count('passed')} of {len(statuses)} parts passed; "
           f"results in {out}")  # fmt: skip
     return 1 if "failed" in statuses else 0
+
+
+# --------------------------------------------------------------------------- the summary
+
+
+def ops_figures(path: Path) -> dict[str, tuple[float, float, float]]:
+    """Per method of a ``bench ops`` file: the median time ÷ the paper's bf16 run, and the
+    worst error on float32 and on bf16 inputs."""
+    cells = json.loads(path.read_text())["cells"]
+    out = {}
+    for m in dict.fromkeys(c["method"] for c in cells):
+        mine = [c for c in cells if c["method"] == m]
+        ratios = [c["vs_paper_bf16"] for c in mine if c["vs_paper_bf16"] == c["vs_paper_bf16"]]
+        worst = [max(c["rel_err"] for c in mine if c["dtype"] == d) for d in ("fp32", "bf16")]
+        out[m] = (statistics.median(ratios), *worst)
+    return out
+
+
+def markdown_summary(folder: str | Path) -> str:
+    """The tables of docs/gpu.md, from the files a gpu-check wrote into ``folder``."""
+    folder = Path(folder)
+    index = json.loads((folder / "gpu_check.json").read_text())
+    parts = index["parts"]
+    lines = [f"{index['gpu']}, torch {index['torch']} (CUDA {index['cuda']}), {index['date']}, "
+             f"commit {index['commit']}", ""]  # fmt: skip
+    t = parts["tests"]
+    if t["status"] != "not run":
+        lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed", ""]
+    if (folder / "train.json").exists():
+        train = json.loads((folder / "train.json").read_text())
+        lines += [
+            f"124M, {train['batch_size']}×512 tokens per step, bf16 autocast, median of steps "
+            f"{train['median_after_step'] + 1}–{train['steps']}:",
+            "",
+            "| optimizer | torch.compile | tokens/s | × torch AdamW | MFU | peak GB |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for r in train["runs"]:
+            lines.append(
+                f"| `{r['optimizer']}` | {'yes' if r['compile'] else 'no'} | "
+                f"{r['tokens_per_s']:,} | {r['tokens_per_s_vs_torch_adamw']:.2f} | "
+                f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |"
+            )
+        lines.append("")
+    optim = {p: parts.get(p, {}) for p in ("bench_optim", "bench_optim_tf32")}
+    if all(o.get("status") == "passed" for o in optim.values()):
+        full, tf32 = optim["bench_optim"], optim["bench_optim_tf32"]
+        lines += [
+            "Optimizer step at the 124M shapes (`bench optim`, float32 parameters, median of 10):",
+            "",
+            "| method | step ms | × paper bf16 | step ms, TF32 | × paper bf16, TF32 |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for m, ms in full["step_ms"].items():
+            lines.append(
+                f"| `{m}` | {ms:.1f} | {full['vs_paper_bf16'][m]:.2f} | "
+                f"{tf32['step_ms'][m]:.1f} | {tf32['vs_paper_bf16'][m]:.2f} |"
+            )
+        lines.append("")
+    if all(parts.get(p, {}).get("status") == "passed" for p in ("bench_ops", "bench_ops_tf32")):
+        full, tf32 = (ops_figures(folder / f) for f in ("bench_ops.json", "bench_ops_tf32.json"))
+        lines += [
+            "Soft clipping, one matrix per call (`bench ops`, 48 cells: 768², 768×3072, 2048², "
+            "Adam-like spike, sign and recorded inputs, float32 and bf16; errors against the "
+            "float64 SVD, where bf16 rounding alone gives 1.7e-3):",
+            "",
+            "| method | median ÷ paper bf16 | median ÷ paper bf16, TF32 | worst error, float32 "
+            "input | worst error, bf16 input |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for m, (ratio, err32, err16) in full.items():
+            lines.append(f"| `{m}` | {ratio:.2f} | {tf32[m][0]:.2f} | {err32:.1e} | {err16:.1e} |")
+        lines.append("")
+    return "\n".join(lines)
