@@ -174,7 +174,9 @@ def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = 
             G, scale = _scaled_gram(Xw, wd)
     Q, sigma = eig if eig is not None else _eigh(G, scale)
     del G
-    K = ((Q * weight(sigma).to(wd).unsqueeze(-2)) @ Q.mT).to(compute_dtype(Xw))
+    # The last product in float32 unless float32 products are not IEEE (then it stays in wd).
+    kd = compute_dtype(Xw) if fp32_products_are_ieee(Xw.device) else wd
+    K = ((Q * weight(sigma).to(wd).unsqueeze(-2)) @ Q.mT).to(kd)
     del Q
     Y = (K @ Xw.to(K.dtype)).to(X.dtype)
     return Y.mT if transposed else Y
