@@ -47,7 +47,7 @@ from spectra.ops.polar import (
 )
 from spectra.validate import check_int
 
-SoftClipMethod = Literal["auto", "eigh", "svd", "paper", "polar"]
+SoftClipMethod = Literal["auto", "eigh", "svd", "paper", "polar", "mixed"]
 HardClipMethod = Literal["auto", "eigh", "svd"]
 OrthMethod = Literal["auto", "svd", "muon", "polar_express"]
 
@@ -72,6 +72,11 @@ POLAR_MAX_ALPHA = {
     torch.float32: 1e6,
     torch.bfloat16: POLAR_SPLIT_MAX_ALPHA,
 }
+
+# soft_clip_mixed runs its steps in bf16 once every singular value of the iterate is at
+# least this (relative to the largest, ≈ 1): bf16 rounding then costs each direction at most
+# ≈ 2⁻⁹/MIXED_BF16_FROM of its size.
+MIXED_BF16_FROM = 0.2
 
 # Method "eigh" sums the Gram matrix over GRAM_BLOCKS column blocks (of at least
 # GRAM_MIN_BLOCK columns), so that its scaled float64 copy of X is an eighth of X at a time.
@@ -248,6 +253,8 @@ def soft_clip(
         method = _default_method(X)
     if X.dim() > 1 and method == "polar":
         return soft_clip_polar(X, c, tol=tol, dtype=ns_dtype)
+    if X.dim() > 1 and method == "mixed":
+        return soft_clip_mixed(X, c, tol=tol)
     if X.dim() > 1 and method == "paper":
         return soft_clip_paper(X, c, ns_steps=ns_steps, dtype=ns_dtype)
     check_finite(X)
@@ -258,7 +265,7 @@ def soft_clip(
     if method == "svd":
         return _spectral_map_svd(X, lambda s: s * _soft_weight(c)(s))
     raise ValueError(
-        f"unknown soft_clip method {method!r}; expected auto, eigh, svd, polar or paper"
+        f"unknown soft_clip method {method!r}; expected auto, eigh, svd, polar, mixed or paper"
     )
 
 
@@ -414,6 +421,86 @@ def soft_clip_polar(
     finite_factor = scale0 / torch.hypot(torch.ones_like(r), r)
     factor = torch.where(torch.isinf(r), c / lam_safe.sqrt(), finite_factor)[..., None, None]
     Y = (mm(Z, Xh.to(store)).to(torch.float64) * factor).to(X.dtype)
+    return Y.mT if transposed else Y
+
+
+def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
+    r"""``H_c(X)`` by a polar iteration on ``[X/c, I]`` whose steps after the first run in bf16.
+
+    ``H_c(X)/c`` is the first block of the polar factor of the ``m × (n+m)`` matrix
+    ``B = [X/c, I]`` (``m ≤ n``): ``BBᵀ = M = I + XXᵀ/c²``, and
+    ``M^{-1/2}B = [M^{-1/2}X/c, M^{-1/2}]``. With ``α`` and the quintics ``p_k`` of
+    :func:`soft_clip_polar` (the singular values of ``B₀ = B/√α`` lie in ``[1/√α, 1]``),
+    each step sets ``E = BBᵀ``, ``Q = aI + bE + cE²`` and ``B ← QB``, mapping every singular
+    value ``s`` to ``p_k(s)``; at the end ``H_c(X) = c·B₁`` (``B₁``: the first ``n`` columns).
+
+    Precision: the Gram matrix ``XXᵀ``, ``M̂²`` and the first step ``QB₀`` run in float32
+    (float64 where :func:`soft_clip_polar` would use it: α > 1e5, TF32 or bf16 float32
+    products, float64 input); every later product runs in bf16 with float32 accumulation
+    (:func:`spectra.ops._common.bf16_matmul`). The first step must be exact: rounding X to
+    bf16 moves the bulk of the spectrum by ``≈ 4e-3·σ_max``, which is the paper's error on a
+    spiked input, while after one step the spike's singular value is ≈ 1 and the bulk's has
+    grown by the quintic's slope (≈ 3 to 8), so later rounding costs ``≈ 4e-3`` of ``‖H_c‖``
+    whatever α is. A polynomial step cannot undo an earlier step's rounding (it acts on the
+    rounded iterate), so a float32 step at the end would not restore accuracy; the error is
+    the bf16 floor, measured at 3–9e-3 for α up to 1e6 (docs/operators.md), against 5e-4 for
+    ``method="polar"``.
+
+    Cost for ``K`` steps, ``m ≤ n``: float32 ``2m²n`` (Gram), ``2m³`` (``M̂²``) and ``2m²n``
+    (first step); bf16 ``(K−1)·(4m²(n+m) + 2m³)``. The paper's Algorithm 1 (``N_s = 10``) takes
+    ``4m²n + 60m³`` in bf16. One host synchronisation per call, as in :func:`soft_clip_polar`.
+    """
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    if not (math.isfinite(tol) and 1e-6 <= tol < 1):
+        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
+    if X.dim() == 1:
+        return soft_clip(X, c, method="eigh")
+    Xw, transposed = wide_view(X)
+    if Xw.numel() == 0:
+        return X.clone()
+    plan = _polar_plan(Xw, c, tol, None)  # also rejects non-finite input
+    wd, coeffs = plan.dtype, plan.coeffs
+    # B₀ = [√w_G·X̂, √w_I·I] with X̂ = X/scale and w_G = 1/((c/scale)² + s²_max) = scale²·w_I/c²,
+    # through hypot: finite for tiny and huge c, 1/s_max when s_max/c overflows.
+    scale0 = plan.scale.squeeze(-1).squeeze(-1)
+    root_g = torch.hypot(c / scale0, plan.lam_safe.sqrt()).reciprocal()
+    wi, wg = plan.w_id[..., None, None], (root_g * root_g)[..., None, None]
+    P = plan.Xh.to(torch.float64) * root_g[..., None, None]
+    if not coeffs:
+        return _orient((c * P).to(X.dtype), transposed)
+    G64 = plan.G.to(torch.float64)
+    eye = torch.eye(G64.shape[-1], dtype=torch.float64, device=G64.device)
+    M_hat = wg * G64 + wi * eye
+    M_hat_sq = (wg * wg) * plan.G2.to(torch.float64) + (2.0 * wg * wi) * G64 + (wi * wi) * eye
+    a, b, cc = coeffs[0]
+    Q = (a * eye + b * M_hat + cc * M_hat_sq).to(wd)
+    # the first step in the Gram matrix's precision: B₁ = Q·[√w_G·X̂, √w_I·I]
+    B = torch.cat([Q @ P.to(wd), Q * wi.sqrt().to(wd)], dim=-1)
+    del G64, M_hat, M_hat_sq, P
+    exact = _mixed_exact_steps(coeffs, math.sqrt(1.0 / plan.alpha))
+    for k, (a, b, cc) in enumerate(coeffs[1:], start=1):
+        if k == exact:
+            B = B.to(torch.bfloat16)
+        mm = bf16_matmul if k >= exact else torch.matmul
+        E = mm(B, B.mT)
+        Q = a * eye + b * E.to(torch.float64) + cc * mm(E, E).to(torch.float64)
+        B = mm(Q.to(B.dtype), B)
+    n = Xw.shape[-1]
+    return _orient((c * B[..., :n].to(torch.float64)).to(X.dtype), transposed)
+
+
+def _mixed_exact_steps(coeffs: tuple[tuple[float, float, float], ...], ell: float) -> int:
+    """Steps of ``soft_clip_mixed`` that run in the Gram matrix's precision: until the
+    smallest singular value ``ℓ_k = p_k(ℓ_{k−1})`` reaches ``MIXED_BF16_FROM`` (at least 1)."""
+    for k, (a, b, c) in enumerate(coeffs):
+        if ell >= MIXED_BF16_FROM:
+            return max(k, 1)
+        ell = a * ell + b * ell**3 + c * ell**5
+    return len(coeffs)
+
+
+def _orient(Y: Tensor, transposed: bool) -> Tensor:
     return Y.mT if transposed else Y
 
 

@@ -133,6 +133,7 @@ def methods(c: float) -> dict[str, tuple[str, Callable[[Tensor], Tensor]]]:
         "eigh": ("soft", lambda X: soft_clip(X, c, method="eigh")),
         "eigh64": ("soft", lambda X: soft_clip(X, c, method="eigh", ns_dtype=torch.float64)),
         "polar": ("soft", lambda X: soft_clip(X, c, method="polar")),
+        "mixed": ("soft", lambda X: soft_clip(X, c, method="mixed")),
         "polar_bf16": (
             "soft",
             lambda X: soft_clip(X, c, method="polar", ns_dtype=torch.bfloat16),
