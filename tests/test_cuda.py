@@ -75,6 +75,7 @@ OPERATORS = {
         SOFT,
         1e-2,
     ),
+    "soft_clip/mixed": (lambda X: soft_clip(X, C, method="mixed"), SOFT, 1e-2),
     "soft_clip/eigh": (lambda X: soft_clip(X, C, method="eigh"), SOFT, 1e-4),
     "soft_clip/svd": (lambda X: soft_clip(X, C, method="svd"), SOFT, 1e-4),
     "hard_clip/auto": (lambda X: hard_clip(X, C), HARD, 1e-4),
@@ -178,6 +179,29 @@ def test_compiled_optimizer_step_on_cuda_matches_eager(gpu):
         runs.append([p.detach() for p in ps])
     for a, b in zip(*runs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_a_default_step_on_cuda_synchronises_once(gpu):
+    # the gradients' and directions' finite checks and every batch's α in one read
+    import warnings
+
+    torch.manual_seed(0)
+    shapes = ((64, 32), (64, 32), (32, 96), (48,), (4, 8, 3))
+    ps = [torch.randn(s, device=gpu, requires_grad=True) for s in shapes]
+    opt = so.AdamW(ps, lr=1e-2, clip_c=0.5)
+    for k in range(2):
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                opt.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in seen if "synchroniz" in str(w.message).lower()]
+    assert len(syncs) == 1, syncs
 
 
 # --------------------------------------------------------------------------- trainer

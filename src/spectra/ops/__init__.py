@@ -1,6 +1,6 @@
 """Spectral operators: pure functions over tensors whose last two dimensions are the matrix."""
 
-from spectra.ops.batched import batched_apply_
+from spectra.ops.batched import batched_apply_, batched_apply_all_
 from spectra.ops.lmo import lmo_singular_values, spectral_lmo
 from spectra.ops.spectral import (
     coordinate_clip,
@@ -11,12 +11,17 @@ from spectra.ops.spectral import (
     orthogonalize,
     polar_express,
     soft_clip,
+    soft_clip_begin,
+    soft_clip_end,
+    soft_clip_method,
+    soft_clip_mixed,
     soft_clip_paper,
     soft_clip_polar,
 )
 
 __all__ = [
     "batched_apply_",
+    "batched_apply_all_",
     "coordinate_clip",
     "global_clip",
     "hard_clip",
@@ -26,6 +31,10 @@ __all__ = [
     "orthogonalize",
     "polar_express",
     "soft_clip",
+    "soft_clip_begin",
+    "soft_clip_end",
+    "soft_clip_method",
+    "soft_clip_mixed",
     "soft_clip_paper",
     "soft_clip_polar",
     "spectral_lmo",

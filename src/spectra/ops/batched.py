@@ -40,7 +40,8 @@ def batched_apply_(
     :mod:`spectra.ops`). Matrices that share shape, dtype and device are stacked into batches of
     at most ``max_elements`` elements (at least one matrix each; ``None``: the total over
     :data:`BATCH_FRACTION`) and the results are copied back. The transient memory of a call is
-    one batch, its stack and ``op``'s own temporaries.
+    one batch, its stack and ``op``'s own temporaries (off the CPU, see
+    :func:`batched_apply_all_`).
 
     On the CPU with ``T = torch.get_num_threads() > 1``, batches of at most ``max_elements / T``
     elements run side by side on ``T`` Python threads, each with one intra-op thread, so the
@@ -54,25 +55,85 @@ def batched_apply_(
     single-threaded meanwhile. A call with a single batch, and every call while the PyTorch
     profiler is on, runs on the calling thread (where the profiler sees it) with its threads.
     """
-    mats = list(matrices)
-    for X in mats:
-        if X.dim() != 2:
-            raise ValueError(f"batched_apply_ takes 2-D matrices, got shape {tuple(X.shape)}")
-    if not mats:
-        return
-    if max_elements is None:
-        max_elements = -(-sum(X.numel() for X in mats) // BATCH_FRACTION)
+    batched_apply_all_([(op, matrices)], max_elements=max_elements)
+
+
+def batched_apply_all_(
+    jobs: Sequence[tuple[Callable[[Tensor], Tensor], Sequence[Tensor]]],
+    *,
+    max_elements: int | None = None,
+    finite: Tensor | None = None,
+) -> bool:
+    r"""``X ← op(X)`` for every ``(op, matrices)`` job, each batched as by
+    :func:`batched_apply_`, with one host read for all the operators that need one.
+
+    An ``op`` whose ``deferred(device)`` is true (such as
+    :class:`spectra.optim.chain.SpectralOp` for a soft clip by ``"polar"`` or ``"mixed"``, which
+    reads α on the host) runs in two passes over its batches: ``begin(X)`` on each (device work;
+    ``pending.request`` is a 1-D float64 tensor of what it must read), one
+    ``torch.cat(...).tolist()`` of every request, then ``end(X, pending, values)`` on each.
+    Its batches run one after another (their products use the intra-op threads), and the
+    transient memory is every batch's pending state (for the polar methods the Gram matrix and
+    its square: ``2·min(m, n)²`` numbers per matrix) plus one batch. The other ops run as by
+    :func:`batched_apply_`, after the read.
+
+    ``finite``: a 0-d bool tensor read with the requests; when it holds False no matrix is
+    changed and False is returned. True otherwise.
+    """
+    for _, mats in jobs:
+        for X in mats:
+            if X.dim() != 2:
+                raise ValueError(f"batched_apply_ takes 2-D matrices, got shape {tuple(X.shape)}")
     grad = torch.is_grad_enabled()  # grad mode is per thread: the workers get the caller's
-    threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
-    on_cpu = [X for X in mats if X.device.type == "cpu"]
-    elsewhere = [X for X in mats if X.device.type != "cpu"]
-    for batch in _batches(elsewhere if threads > 1 else mats, max_elements):
-        _apply(op, batch, grad)
-    if threads < 2 or not on_cpu:
+    deferred, direct = [], []
+    for op, mats in jobs:
+        mats = list(mats)
+        cap = max_elements or -(-sum(X.numel() for X in mats) // BATCH_FRACTION)
+        later = getattr(op, "deferred", None)
+        for batch in _batches(mats, cap):
+            if later is not None and later(batch[0].device):
+                deferred.append((op, batch))
+        direct.append((op, [X for X in mats if later is None or not later(X.device)], cap))
+    with torch.set_grad_enabled(grad):
+        pending = [op.begin(_stack(batch)) for op, batch in deferred]
+    requests = [p.request for p in pending]
+    if finite is not None:
+        requests.insert(0, finite.reshape(1).to(torch.float64))
+    if len({r.device for r in requests}) > 1:  # one read per device
+        requests = [r.cpu() for r in requests]
+    values = torch.cat(requests).tolist() if requests else []
+    if finite is not None and not values.pop(0):
+        return False
+    for (op, batch), p in zip(deferred, pending, strict=True):
+        k = p.request.numel()
+        with torch.set_grad_enabled(grad):
+            out = op.end(_stack(batch), p, values[:k])
+        values = values[k:]
+        torch._foreach_copy_(batch, list(out.unbind(0)))
+    for op, mats, cap in direct:
+        threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
+        on_cpu = [X for X in mats if X.device.type == "cpu"] if threads > 1 else []
+        for batch in _batches(
+            [X for X in mats if not (threads > 1 and X.device.type == "cpu")], cap
+        ):
+            _apply(op, batch, grad)
+        _apply_on_cpu(op, on_cpu, cap, grad, threads)
+    return True
+
+
+def _stack(batch: list[Tensor]) -> Tensor:
+    return batch[0].unsqueeze(0) if len(batch) == 1 else torch.stack(batch)
+
+
+def _apply_on_cpu(
+    op: Callable[[Tensor], Tensor], mats: list[Tensor], max_elements: int, grad: bool, threads: int
+) -> None:
+    """The CPU part of :func:`batched_apply_` with ``threads > 1``: batches side by side."""
+    if not mats:
         return
     cap = max(1, max_elements // threads)
     batches = []
-    for batch in _batches(on_cpu, cap):
+    for batch in _batches(mats, cap):
         if batch[0].numel() > cap:  # one matrix above the cap: alone, with the intra-op threads
             _apply(op, batch, grad)
         else:
@@ -81,7 +142,7 @@ def batched_apply_(
         for batch in batches:
             _apply(op, batch, grad)
         return
-    with single_thread_lapack(on_cpu[0].device):
+    with single_thread_lapack(mats[0].device):
         with ThreadPoolExecutor(min(threads, len(batches))) as pool:
             for future in [pool.submit(_apply, op, batch, grad) for batch in batches]:
                 future.result()
@@ -90,5 +151,4 @@ def batched_apply_(
 def _apply(op: Callable[[Tensor], Tensor], batch: list[Tensor], grad: bool) -> None:
     """``X ← op(X)`` for one batch, in grad mode ``grad``."""
     with torch.set_grad_enabled(grad):
-        stacked = batch[0].unsqueeze(0) if len(batch) == 1 else torch.stack(batch)
-        torch._foreach_copy_(batch, list(op(stacked).unbind(0)))
+        torch._foreach_copy_(batch, list(op(_stack(batch)).unbind(0)))

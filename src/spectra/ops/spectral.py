@@ -23,7 +23,8 @@ dtype and device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -194,10 +195,15 @@ def _spectral_map_svd(X: Tensor, phi) -> Tensor:
     return ((U * phi(S).unsqueeze(-2)) @ Vh).to(X.dtype)
 
 
-def _default_method(X: Tensor) -> str:
+def soft_clip_method(method: str, device: torch.device) -> str:
+    """The method ``soft_clip(..., method=method)`` runs on ``device``: ``"auto"`` resolved."""
+    return _default_method(device) if method == "auto" else method
+
+
+def _default_method(device: torch.device) -> str:
     # On CPU, eigh of the small Gram matrix in float64 is exact and cheaper than any
     # Newton–Schulz schedule; on GPUs, matmul-only iterations win (docs/operators.md).
-    return "polar" if X.device.type == "cuda" else "eigh"
+    return "polar" if device.type == "cuda" else "eigh"
 
 
 def _default_hard_method(X: Tensor) -> str:
@@ -250,7 +256,7 @@ def soft_clip(
     check_matrix_input(X)
     c = check_threshold(c, "c")
     if method == "auto":
-        method = _default_method(X)
+        method = _default_method(X.device)
     if X.dim() > 1 and method == "polar":
         return soft_clip_polar(X, c, tol=tol, dtype=ns_dtype)
     if X.dim() > 1 and method == "mixed":
@@ -267,6 +273,70 @@ def soft_clip(
     raise ValueError(
         f"unknown soft_clip method {method!r}; expected auto, eigh, svd, polar, mixed or paper"
     )
+
+
+@dataclass
+class SoftClipPending:
+    """A :func:`soft_clip` call between its device work and its host read.
+
+    ``request`` (float64, 1-D, on the input's device) holds what the call must read on the
+    host: for the matmul-only methods the batch's largest α and whether the input was finite,
+    for the others nothing (they run whole in :func:`soft_clip_end`).
+    """
+
+    request: Tensor
+    c: float
+    method: str
+    ns_steps: int
+    ns_dtype: torch.dtype | None
+    tol: float
+    gram: _PolarGram | None = field(default=None, repr=False)
+
+
+def soft_clip_begin(
+    X: Tensor,
+    c: float,
+    *,
+    method: SoftClipMethod = "auto",
+    ns_steps: int = 10,
+    ns_dtype: torch.dtype | None = None,
+    tol: float = POLAR_TOL,
+) -> SoftClipPending:
+    """The first half of ``soft_clip(X, c, ...)``: for ``"polar"`` and ``"mixed"`` (and
+    ``"auto"`` where it picks ``"polar"``), the Gram matrices and the α bound, without a host
+    synchronisation. Reading ``request`` for many calls at once (one ``torch.cat(...).tolist()``)
+    and passing each its values with :func:`soft_clip_end` gives one host synchronisation for
+    all of them. The arguments are checked here, as by :func:`soft_clip`."""
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    if method == "auto":
+        method = _default_method(X.device)
+    if method in ("polar", "mixed") and not (math.isfinite(tol) and 1e-6 <= tol < 1):
+        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
+    pending = SoftClipPending(
+        torch.empty(0, dtype=torch.float64, device=X.device), c, method, ns_steps, ns_dtype, tol
+    )
+    if method in ("polar", "mixed") and X.dim() > 1 and X.numel():
+        dtype = ns_dtype if method == "polar" else None
+        pending.gram = _polar_gram(wide_view(X)[0], c, dtype)
+        pending.request = pending.gram.request
+    return pending
+
+
+def soft_clip_end(X: Tensor, pending: SoftClipPending, values: Sequence[float]) -> Tensor:
+    """The second half of :func:`soft_clip_begin`: ``H_c(X)`` for the same ``X``, given the
+    host values of ``pending.request``."""
+    p = pending
+    if p.gram is None:
+        return soft_clip(
+            X, p.c, method=p.method, ns_steps=p.ns_steps, ns_dtype=p.ns_dtype, tol=p.tol
+        )
+    Xw, transposed = wide_view(X)
+    if p.method == "polar":
+        plan = _polar_decide(Xw, p.gram, values, p.tol, p.ns_dtype)
+        return _orient(_polar_run(Xw, p.c, plan).to(X.dtype), transposed)
+    plan = _polar_decide(Xw, p.gram, values, p.tol, None)
+    return _orient(_mixed_run(Xw, p.c, plan).to(X.dtype), transposed)
 
 
 def _pow2_scale(X: Tensor) -> Tensor:
@@ -291,28 +361,48 @@ class _PolarPlan:
     coeffs: tuple[tuple[float, float, float], ...]  # the quintics to run
 
 
-def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> _PolarPlan:
-    """Scale, Gram matrices, α bound, working precision and schedule for ``soft_clip_polar``."""
+@dataclass
+class _PolarGram:
+    """A polar call's device work before its host read: the first Gram matrix and the bounds."""
+
+    G: Tensor
+    G2: Tensor
+    scale: Tensor
+    r: Tensor
+    w_id: Tensor
+    w_g: Tensor
+    lam_safe: Tensor
+    dtype: torch.dtype  # precision of G
+    split: bool  # G from split bf16 products
+    exact: bool  # float64 wherever the default would choose
+    request: Tensor  # float64 (2,) on the device: the largest α, whether the input was finite
+
+
+def _polar_xh(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    return (Xw.to(torch.float64) / scale).to(dtype)  # exact: scale is a power of two
+
+
+def _polar_grams(Xh: Tensor, split: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``G = X̂X̂ᵀ``, ``G²`` and ``s²_max = min(‖G‖_F, max_i Σ_j |G_ij|, ‖G²‖_F^{1/2})``."""
+    mm = split_bf16_matmul if split else torch.matmul
+    G = mm(Xh, Xh.mT)
+    G2 = mm(G, G)
+    G64 = G.to(torch.float64)
+    fro = torch.linalg.matrix_norm(G64, ord="fro")
+    gersh = G64.abs().sum(dim=-1).amax(dim=-1)
+    fro2 = torch.linalg.matrix_norm(G2.to(torch.float64), ord="fro").sqrt()
+    return G, G2, torch.minimum(torch.minimum(fro, gersh), fro2)
+
+
+def _polar_gram(Xw: Tensor, c: float, dtype: torch.dtype | None) -> _PolarGram:
+    """The part of a polar call before its host read; no host synchronisation."""
     scale = _pow2_scale(Xw)
     split = dtype == torch.bfloat16  # split bf16 products while α ≤ POLAR_SPLIT_MAX_ALPHA
     exact = Xw.dtype == torch.float64 or dtype == torch.float64
     if dtype in (None, torch.bfloat16) and not fp32_products_are_ieee(Xw.device):
         exact = True  # TF32 or bf16 float32 products cannot form the Gram matrix
-
-    def gram(gd: torch.dtype, split: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        Xh = (Xw.to(torch.float64) / scale).to(gd)  # exact: scale is a power of two
-        mm = split_bf16_matmul if split else torch.matmul
-        G = mm(Xh, Xh.mT)
-        G2 = mm(G, G)
-        G64 = G.to(torch.float64)
-        fro = torch.linalg.matrix_norm(G64, ord="fro")
-        gersh = G64.abs().sum(dim=-1).amax(dim=-1)
-        fro2 = torch.linalg.matrix_norm(G2.to(torch.float64), ord="fro").sqrt()
-        lam = torch.minimum(torch.minimum(fro, gersh), fro2)
-        return Xh, G, G2, lam
-
     first = torch.float64 if exact and not split else torch.float32
-    Xh, G, G2, lam = gram(first, split)
+    G, G2, lam = _polar_grams(_polar_xh(Xw, scale, first), split)
     # r² = s²_max/c² in the original units; α = 1 + r². Everything below stays finite for
     # any finite X and c: w_id = 1/α and w_G = (1 − 1/α)/s²_max (scaled units).
     scale0 = scale.squeeze(-1).squeeze(-1)
@@ -321,29 +411,44 @@ def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> 
     w_id = torch.where(torch.isinf(r), torch.zeros_like(w_id), w_id)
     lam_safe = torch.where(lam > 0, lam, torch.ones_like(lam))
     w_g = torch.where(lam > 0, (1.0 - w_id) / lam_safe, torch.zeros_like(lam))
-    # The one host synchronisation of a call: α for the schedule, and whether the input was
-    # finite (an inf or nan entry makes the scale or the Gram matrix non-finite).
+    # α for the schedule, and whether the input was finite (an inf or nan entry makes the
+    # scale or the Gram matrix non-finite)
     finite = torch.isfinite(scale).all() & torch.isfinite(lam).all()
-    alpha_max, ok = torch.stack(
-        [(1.0 / w_id.clamp_min(1e-300)).max(), finite.to(torch.float64)]
-    ).tolist()
+    request = torch.stack([(1.0 / w_id.clamp_min(1e-300)).max(), finite.to(torch.float64)])
+    return _PolarGram(G, G2, scale, r, w_id, w_g, lam_safe, first, split, exact, request)
+
+
+def _polar_decide(
+    Xw: Tensor, g: _PolarGram, values: Sequence[float], tol: float, dtype: torch.dtype | None
+) -> _PolarPlan:
+    """Working precision and schedule from the host read ``values`` (``g.request``)."""
+    alpha_max, ok = values
     if not ok:
         check_finite(Xw)
-    if split and alpha_max <= POLAR_SPLIT_MAX_ALPHA:
+    if g.split and alpha_max <= POLAR_SPLIT_MAX_ALPHA:
         wd = torch.bfloat16
-    elif dtype is not None and not split:
+    elif dtype is not None and not g.split:
         wd = dtype
-    elif exact or alpha_max > POLAR_FP32_MAX_ALPHA:
+    elif g.exact or alpha_max > POLAR_FP32_MAX_ALPHA:
         wd = torch.float64
     else:
         wd = torch.float32
-    if wd != torch.bfloat16 and (split or wd != first):
-        Xh, G, G2, _ = gram(wd, False)  # the split Gram matrix is not accurate enough here
+    G, G2 = g.G, g.G2
+    if wd != torch.bfloat16 and (g.split or wd != g.dtype):
+        # the split Gram matrix is not accurate enough here
+        G, G2, _ = _polar_grams(_polar_xh(Xw, g.scale, wd), False)
+    Xh = _polar_xh(Xw, g.scale, torch.float32 if wd == torch.bfloat16 else wd)
     w_floor = 1.0 / POLAR_MAX_ALPHA.get(wd, 1e2)
     coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
-    return _PolarPlan(
-        Xh, G, G2, scale, r, w_id.clamp_min(w_floor), w_g, lam_safe, alpha_max, wd, coeffs
-    )
+    w_id = g.w_id.clamp_min(w_floor)
+    return _PolarPlan(Xh, G, G2, g.scale, g.r, w_id, g.w_g, g.lam_safe, alpha_max, wd, coeffs)
+
+
+def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> _PolarPlan:
+    """Scale, Gram matrices, α bound, working precision and schedule for ``soft_clip_polar``;
+    the call's one host synchronisation reads α and whether the input was finite."""
+    g = _polar_gram(Xw, c, dtype)
+    return _polar_decide(Xw, g, g.request.tolist(), tol, dtype)
 
 
 def polar_steps(
@@ -401,10 +506,14 @@ def soft_clip_polar(
         raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
     if X.dim() == 1:
         return soft_clip(X, c, method="eigh")
-    Xw, transposed = wide_view(X)
-    if Xw.numel() == 0:
+    if X.numel() == 0:
         return X.clone()
-    plan = _polar_plan(Xw, c, tol, dtype)  # also rejects non-finite input
+    pending = soft_clip_begin(X, c, method="polar", ns_dtype=dtype, tol=tol)
+    return soft_clip_end(X, pending, pending.request.tolist())  # rejects non-finite input
+
+
+def _polar_run(Xw: Tensor, c: float, plan: _PolarPlan) -> Tensor:
+    """The coupled iteration of ``soft_clip_polar`` on the wide ``Xw`` (float64 result)."""
     Xh, G, G2, wd, coeffs = plan.Xh, plan.G, plan.G2, plan.dtype, plan.coeffs
     w_id, w_g, r, lam_safe, scale = plan.w_id, plan.w_g, plan.r, plan.lam_safe, plan.scale
     wi, wg = w_id[..., None, None], w_g[..., None, None]
@@ -420,8 +529,7 @@ def soft_clip_polar(
     scale0 = scale.squeeze(-1).squeeze(-1)
     finite_factor = scale0 / torch.hypot(torch.ones_like(r), r)
     factor = torch.where(torch.isinf(r), c / lam_safe.sqrt(), finite_factor)[..., None, None]
-    Y = (mm(Z, Xh.to(store)).to(torch.float64) * factor).to(X.dtype)
-    return Y.mT if transposed else Y
+    return mm(Z, Xh.to(store)).to(torch.float64) * factor
 
 
 def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
@@ -456,10 +564,14 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
         raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
     if X.dim() == 1:
         return soft_clip(X, c, method="eigh")
-    Xw, transposed = wide_view(X)
-    if Xw.numel() == 0:
+    if X.numel() == 0:
         return X.clone()
-    plan = _polar_plan(Xw, c, tol, None)  # also rejects non-finite input
+    pending = soft_clip_begin(X, c, method="mixed", tol=tol)
+    return soft_clip_end(X, pending, pending.request.tolist())  # rejects non-finite input
+
+
+def _mixed_run(Xw: Tensor, c: float, plan: _PolarPlan) -> Tensor:
+    """The iteration of ``soft_clip_mixed`` on the wide ``Xw`` (float64 result)."""
     wd, coeffs = plan.dtype, plan.coeffs
     # B₀ = [√w_G·X̂, √w_I·I] with X̂ = X/scale and w_G = 1/((c/scale)² + s²_max) = scale²·w_I/c²,
     # through hypot: finite for tiny and huge c, 1/s_max when s_max/c overflows.
@@ -468,7 +580,7 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     wi, wg = plan.w_id[..., None, None], (root_g * root_g)[..., None, None]
     P = plan.Xh.to(torch.float64) * root_g[..., None, None]
     if not coeffs:
-        return _orient((c * P).to(X.dtype), transposed)
+        return c * P
     G64 = plan.G.to(torch.float64)
     eye = torch.eye(G64.shape[-1], dtype=torch.float64, device=G64.device)
     M_hat = wg * G64 + wi * eye
@@ -481,13 +593,12 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     exact = _mixed_exact_steps(coeffs, math.sqrt(1.0 / plan.alpha))
     for k, (a, b, cc) in enumerate(coeffs[1:], start=1):
         if k == exact:
-            B = B.to(torch.bfloat16)
+            B, eye = B.to(torch.bfloat16), eye.to(torch.float32)
         mm = bf16_matmul if k >= exact else torch.matmul
         E = mm(B, B.mT)
-        Q = a * eye + b * E.to(torch.float64) + cc * mm(E, E).to(torch.float64)
+        Q = a * eye + b * E.to(eye.dtype) + cc * mm(E, E).to(eye.dtype)
         B = mm(Q.to(B.dtype), B)
-    n = Xw.shape[-1]
-    return _orient((c * B[..., :n].to(torch.float64)).to(X.dtype), transposed)
+    return c * B[..., : Xw.shape[-1]].to(torch.float64)
 
 
 def _mixed_exact_steps(coeffs: tuple[tuple[float, float, float], ...], ell: float) -> int:

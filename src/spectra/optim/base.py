@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from spectra.optim.chain import ParamPlan, all_finite, matrix_shape, spectra_step
+from spectra.optim.chain import ParamPlan, all_finite, finite_flag, matrix_shape, spectra_step
 from spectra.optim.distributed import (
     check_layout,
     check_replicated,
@@ -81,8 +81,11 @@ class SpectraOptimizer(Optimizer):
         nonfinite: ``"raise"`` (default) raises ``FloatingPointError`` when a gradient or a
             base direction holds inf/nan, before any parameter changes; ``"skip"`` leaves the
             parameters untouched for that step, warns and counts it in
-            ``num_skipped_steps``. A non-finite gradient also leaves the state untouched; a
-            non-finite direction is found after the base optimizer updated its state.
+            ``num_skipped_steps``. Under ``"skip"`` a non-finite gradient also leaves the state
+            untouched, at the cost of a host read of its own before the state changes; under
+            ``"raise"`` in one process the gradients' check is read with the step's one host
+            read, after the base optimizer updated its state. A non-finite direction is
+            always found after the state was updated.
         batch_elements: at most this many elements (or one matrix, if larger) go through a
             spectral operator at once, bounding the step's transient memory; ``None``
             (default) is 1/32 of all the step's clipped matrices.
@@ -188,10 +191,18 @@ class SpectraOptimizer(Optimizer):
         if not params:
             return loss
         grads = [local(p.grad) for p in params]
-        if not all_finite(grads, shard_group(params)):
+        group = split_group(params, self.defaults["split_work"])
+        sharded = shard_group(params)
+        # One host read per step: under nonfinite="raise" in one process without pre-clipping
+        # (whose operators need finite gradients), the gradients' finite check is read with
+        # the chain's (the state takes the step before it raises).
+        pre = any(g["pre_clip_c"] is not None for g, _ in work)
+        single = group is None and sharded is None
+        fold = self.defaults["nonfinite"] == "raise" and single and not pre
+        grads_finite = finite_flag(grads) if fold else None
+        if grads_finite is None and not all_finite(grads, sharded):
             self._nonfinite("a gradient", "no parameter or state was changed")
             return loss
-        group = split_group(params, self.defaults["split_work"])
         if group is not None and not self._replication_checked:
             check_replicated(params, group)
             self._replication_checked = True
@@ -204,7 +215,10 @@ class SpectraOptimizer(Optimizer):
             chunk_elements=self._chunk_elements(params),
             batch_elements=self.defaults["batch_elements"],
             group=group,
+            finite=grads_finite,
         )
+        if not stepped and grads_finite is not None and not bool(grads_finite):
+            self._nonfinite("a gradient", "no parameter was changed; the optimizer state was")
         if not stepped:
             moved = (
                 "no parameter was changed"

@@ -33,13 +33,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
-from spectra.ops import batched_apply_, hard_clip, orthogonalize, soft_clip
+from spectra.ops import (
+    batched_apply_all_,
+    hard_clip,
+    orthogonalize,
+    soft_clip,
+    soft_clip_begin,
+    soft_clip_end,
+    soft_clip_method,
+)
 from spectra.ops.batched import BATCH_FRACTION
+from spectra.ops.spectral import SoftClipPending
 from spectra.optim.distributed import all_agree_finite, apply_replicated, apply_sharded
 
 if TYPE_CHECKING:
@@ -70,17 +79,36 @@ class SpectralOp:
     ns_steps: int | None = None
     ns_dtype: torch.dtype | None = None
 
-    def __call__(self, U: Tensor) -> Tensor:
-        iteration = {}
+    def _iteration(self) -> dict[str, Any]:
+        iteration: dict[str, Any] = {}
         if self.ns_steps is not None:
             iteration["ns_steps"] = self.ns_steps
         if self.ns_dtype is not None:
             iteration["ns_dtype"] = self.ns_dtype
+        return iteration
+
+    def __call__(self, U: Tensor) -> Tensor:
+        iteration = self._iteration()
         if self.kind == "orthogonalize":
             return orthogonalize(U, method=self.method, **iteration)
         if self.kind == "hard_clip":
             return hard_clip(U, self.c, method=self.method)
         return soft_clip(U, self.c, method=self.method, **iteration)
+
+    def deferred(self, device: torch.device) -> bool:
+        """Whether this operator reads the device on the host (a soft clip by ``"polar"`` or
+        ``"mixed"``), so that :func:`spectra.ops.batched_apply_all_` runs it in two halves."""
+        return self.kind == "soft_clip" and soft_clip_method(self.method, device) in (
+            "polar",
+            "mixed",
+        )
+
+    def begin(self, U: Tensor) -> SoftClipPending:
+        """The device half of a soft clip (:func:`spectra.ops.soft_clip_begin`)."""
+        return soft_clip_begin(U, self.c, method=self.method, **self._iteration())
+
+    def end(self, U: Tensor, pending: SoftClipPending, values: Sequence[float]) -> Tensor:
+        return soft_clip_end(U, pending, values)
 
 
 @dataclass(frozen=True)
@@ -116,12 +144,15 @@ def _apply_ops(
     ops: Sequence[SpectralOp | None],
     batch_elements: int | None,
     group: ProcessGroup | None,
-) -> None:
+    finite: Tensor | None = None,
+) -> bool:
     """``t ← op(t)`` in place on each parameter's matrix view.
 
-    Local matrices go through one :func:`batched_apply_` per distinct operator; with a
-    ``group`` their work is divided among its ranks; shards of ``DTensor`` parameters are
-    assembled into whole matrices one at a time (:mod:`spectra.optim.distributed`).
+    Local matrices go through one :func:`batched_apply_all_` for all operators (off the CPU:
+    one host read for all of them, ``finite`` included; False, with nothing changed, when
+    ``finite`` holds False); with a ``group`` their work is divided among its ranks; shards of
+    ``DTensor`` parameters are assembled into whole matrices one at a time
+    (:mod:`spectra.optim.distributed`).
     """
     whole: list[tuple[SpectralOp, Tensor]] = []
     sharded = []
@@ -133,18 +164,22 @@ def _apply_ops(
         else:
             whole.append((op, t.view(pl.shape)))
 
-    def apply_local(items: Sequence[tuple[SpectralOp, Tensor]]) -> None:
+    def apply_local(
+        items: Sequence[tuple[SpectralOp, Tensor]], finite: Tensor | None = None
+    ) -> bool:
         by_op: dict[SpectralOp, list[Tensor]] = {}
         for op, X in items:
             by_op.setdefault(op, []).append(X)
-        for op, mats in by_op.items():
-            batched_apply_(op, mats, max_elements=batch_elements)
+        jobs = list(by_op.items())
+        return batched_apply_all_(jobs, max_elements=batch_elements, finite=finite)
 
     if group is None:
-        apply_local(whole)
+        if not apply_local(whole, finite):
+            return False
     else:
         apply_replicated(whole, group, apply_local)
     apply_sharded(sharded)
+    return True
 
 
 def pre_clip(
@@ -170,9 +205,12 @@ def post_operator_(
     plans: Sequence[ParamPlan],
     batch_elements: int | None = None,
     group: ProcessGroup | None = None,
-) -> None:
-    """``U ← post(U)`` in place for the parameters with a post operator."""
-    _apply_ops(updates, plans, [pl.post for pl in plans], batch_elements, group)
+    finite: Tensor | None = None,
+) -> bool:
+    """``U ← post(U)`` in place for the parameters with a post operator. With ``finite`` (a 0-d
+    bool tensor, read with the operators' own host read): False, and nothing changed, when it
+    holds False."""
+    return _apply_ops(updates, plans, [pl.post for pl in plans], batch_elements, group, finite)
 
 
 def decay_weights_(params: list[Tensor], plans: Sequence[ParamPlan]) -> None:
@@ -196,6 +234,22 @@ def add_update_(params: list[Tensor], updates: list[Tensor], plans: Sequence[Par
         torch._foreach_add_(ps, us, alpha=coef)
 
 
+def finite_flag(tensors: Sequence[Tensor]) -> Tensor | None:
+    """A 0-d bool tensor: whether every entry is finite, with no host synchronisation; ``None``
+    when the tensors span several devices."""
+    dense = [t._values() if t.is_sparse else t for t in tensors]
+    dense = [t for t in dense if t.numel()]
+    if len({t.device for t in dense}) > 1:
+        return None
+    if not dense:
+        return torch.ones((), dtype=torch.bool)
+    # min and max are finite exactly when every entry is (nan propagates), and unlike a norm
+    # they cannot overflow for finite input.
+    return (
+        torch.cat([v.reshape(1).float() for t in dense for v in torch.aminmax(t)]).isfinite().all()
+    )
+
+
 def all_finite(tensors: Sequence[Tensor], group: ProcessGroup | None = None) -> bool:
     """Whether every entry is finite; one host synchronisation per device.
 
@@ -206,17 +260,8 @@ def all_finite(tensors: Sequence[Tensor], group: ProcessGroup | None = None) -> 
         return all_agree_finite(all_finite(tensors), tensors, group)
     by_device: dict[torch.device, list[Tensor]] = {}
     for t in tensors:
-        if t.is_sparse:
-            t = t._values()
-        if t.numel():
-            by_device.setdefault(t.device, []).append(t)
-    for ts in by_device.values():
-        # min and max are finite exactly when every entry is (nan propagates), and unlike a
-        # norm they cannot overflow for finite input.
-        extremes = [v.reshape(1).float() for t in ts for v in torch.aminmax(t)]
-        if not bool(torch.cat(extremes).isfinite().all()):
-            return False
-    return True
+        by_device.setdefault(t.device, []).append(t)
+    return all(bool(finite_flag(ts)) for ts in by_device.values())
 
 
 # --------------------------------------------------------------------------- the chain
@@ -247,6 +292,7 @@ def spectra_step(
     chunk_elements: int | None = None,
     batch_elements: int | None = None,
     group: ProcessGroup | None = None,
+    finite: Tensor | None = None,
 ) -> bool:
     r"""One SPECTRA step: ``X ← (1 − λη)X − αη · post(direction(pre(g)))``, in place.
 
@@ -266,9 +312,18 @@ def spectra_step(
             (:mod:`spectra.optim.distributed`). Shards of ``DTensor`` parameters (``plans``'
             ``shard``) are handled by their own mesh.
 
-    Returns ``False`` when a direction holds inf or nan, before that chunk's parameters change
-    (with ``chunk_elements=None``: before any parameter changes); the base optimizer's state
-    has then taken the step. ``True`` otherwise.
+        finite: a 0-d bool tensor that must hold True for any parameter to move (for example
+            whether the gradients were finite), read with the first chunk's finite check.
+
+    Returns ``False`` when a direction holds inf or nan, or ``finite`` holds False, before that
+    chunk's parameters change (with ``chunk_elements=None``: before any parameter changes);
+    the base optimizer's state has then taken the step. ``True`` otherwise.
+
+    Host synchronisations: in one process the finite check of a chunk's directions is read
+    together with every post operator's own host read (:func:`batched_apply_all_`), so a step
+    without ``chunk_elements`` and without pre-clipping reads the device once (on the CPU the
+    operators read nothing asynchronous). With a process group or ``DTensor`` parameters the
+    finite check is its own collective and read.
     """
     if not (len(params) == len(grads) == len(plans)):
         raise ValueError(
@@ -290,9 +345,15 @@ def spectra_step(
     for idx in chunks(sizes, chunk_elements):
         ps, pls = [params[i] for i in idx], [plans[i] for i in idx]
         updates = direction(idx, pre_clip([grads[i] for i in idx], pls, batch_elements, group))
-        if not all_finite(updates, mesh_group):
+        # Single process: the finite check is read with the post operators' own host read.
+        flag = finite_flag(updates) if group is None and mesh_group is None else None
+        if flag is None and not all_finite(updates, mesh_group):
             return False
-        post_operator_(updates, pls, batch_elements, group)
+        if flag is not None and finite is not None:
+            flag = flag & finite.to(flag.device)
+        finite = None
+        if not post_operator_(updates, pls, batch_elements, group, finite=flag):
+            return False
         decay_weights_(ps, pls)
         add_update_(ps, updates, pls)
         del updates

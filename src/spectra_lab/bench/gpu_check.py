@@ -57,10 +57,14 @@ TRAIN_VOCAB, TRAIN_TOKENS = 50304, 2_000_000
 #: The operator benchmark's cells: the paper's 124M shapes, Adam-like, sign and recorded inputs
 OPS_ARGS = (
     "--shapes", "768x768", "768x3072", "2048x2048", "--inputs", "adam_spike", "sign", "recorded",
-    "--dtypes", "fp32", "bf16", "--methods", "auto", "polar", "polar_bf16", "paper_bf16",
-    "paper_fp32", "--paper-bf16", "always", "--repeats", "10", "--no-progress",
+    "--dtypes", "fp32", "bf16", "--methods", "auto", "polar", "mixed", "polar_bf16",
+    "paper_bf16", "paper_fp32", "--paper-bf16", "always", "--repeats", "10", "--no-progress",
 )  # fmt: skip
-OPTIM_ARGS = ("--repeats", "10", "--warmup", "2")
+OPTIM_ARGS = (
+    "--repeats", "10", "--warmup", "2", "--methods", "torch-adamw", "torch-adamw-loop",
+    "spectra-adamw", "spectra-adamw-mixed", "spectra-adamw-chunked", "spectra-wrap",
+    "paper-wrap-bf16", "paper-wrap-fp32",
+)  # fmt: skip
 TAIL = 3000  # characters of a failed part's output kept in the index
 
 

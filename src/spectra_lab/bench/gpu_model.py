@@ -11,6 +11,9 @@ matrix-product flops and the kernel launches of
 * ``polar-bf16x3``: the same with ``ns_dtype=torch.bfloat16``, every product formed from
   three bf16 tensor-core products (``split_bf16_matmul``); only where ``α = 1 + (σ_max/c)²
   ≤ 1e4``, beyond which it runs as ``polar``;
+* ``mixed``: ``soft_clip(method="mixed")``, its Gram matrix and first steps in float32
+  (float64 past α = 1e5, at the same H100 rate) and the rest in bf16
+  (:func:`~spectra_lab.bench.ops.mixed_flops`);
 
 and turns them into time with ``t = flops / (efficiency · peak) + launches · t_launch``.
 The peaks are NVIDIA's H100 SXM figures (dense): bf16 989 TFLOP/s, TF32 495, float32 67,
@@ -21,7 +24,8 @@ memory traffic of elementwise kernels (the splits, the polynomial updates) is le
 Launch counts are counted, not estimated: :func:`count_kernels` runs the operator once on a
 small CPU matrix with the same σ_max/c (so the same schedule) and counts the aten operations
 it dispatches that compute something (views, allocations and host reads left out), taking
-one launch per operation. For ``polar-bf16x3`` the CPU emulates each bf16 product with two
+one launch per operation (``mixed`` counted as on a device with bf16 units, one launch per
+bf16 product). For ``polar-bf16x3`` the CPU emulates each bf16 product with two
 float32 conversions and a float32 product, where a GPU runs one product: two launches per
 product are taken off. The paper's wrapper adds 6 launches per matrix (clone, recovery of
 the direction, update), counted by hand.
@@ -32,14 +36,15 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from spectra.ops import soft_clip, soft_clip_paper
+from spectra.ops import _common, soft_clip, soft_clip_paper
 from spectra.ops.polar import inverse_sqrt_schedule
-from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
-from spectra_lab.bench.ops import matmul_flops
+from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL, _mixed_exact_steps
+from spectra_lab.bench.ops import matmul_flops, mixed_flops
 from spectra_lab.bench.optim import llama_shapes
 from spectra_lab.bench.tables import markdown_table
 
@@ -87,15 +92,21 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
         "paper": lambda: soft_clip_paper(X[0], 1.0, dtype=torch.float32),
         "polar": lambda: soft_clip(X, 1.0, method="polar"),
         "polar-bf16x3": lambda: soft_clip(X, 1.0, method="polar", ns_dtype=torch.bfloat16),
+        "mixed": lambda: soft_clip(X, 1.0, method="mixed"),
     }
     if method not in calls:
         raise ValueError(f"no kernel count for {method!r}")
-    with _KernelCounter() as counter:
+    # bf16 products as on a device with bf16 units (one launch each), whatever this CPU has
+    with _KernelCounter() as counter, mock.patch.object(_common, "has_bf16_units", _yes):
         calls[method]()
     total = sum(counter.ops.values())
     if method == "polar-bf16x3":  # emulated bf16 products: two conversions each on the CPU
         total -= 2 * (counter.ops.get("mm", 0) + counter.ops.get("bmm", 0))
     return total
+
+
+def _yes(device: torch.device) -> bool:
+    return True
 
 
 def polar_steps_for(sigma_over_c: float, tol: float = POLAR_TOL) -> int:
@@ -122,9 +133,19 @@ def step_model(
     if 1.0 + sigma_over_c**2 <= POLAR_SPLIT_MAX_ALPHA:
         split_l = batches * count_kernels("polar-bf16x3", sigma_over_c)
         rows.append(("polar-bf16x3", 3 * polar_f, split_l, PEAK_TFLOPS["bf16"]))
+    alpha = 1.0 + sigma_over_c**2
+    coeffs = inverse_sqrt_schedule(1.0 / math.sqrt(alpha), POLAR_TOL)
+    exact = _mixed_exact_steps(coeffs, 1.0 / math.sqrt(alpha))
+    full, half = (
+        sum(f) for f in zip(*(mixed_flops((m, n), steps, exact) for m, n in mats), strict=True)
+    )
+    mixed_l = batches * count_kernels("mixed", sigma_over_c)
+    rows.append(("mixed", (full, half), mixed_l, (PEAK_TFLOPS["fp32"], PEAK_TFLOPS["bf16"])))
     out = {}
     for name, flops, launches, peak in rows:
-        t_math = flops / (efficiency * peak * 1e12) * 1e3
+        parts = zip(flops, peak, strict=True) if isinstance(flops, tuple) else [(flops, peak)]
+        t_math = sum(f / (efficiency * p * 1e12) for f, p in parts) * 1e3
+        flops = sum(flops) if isinstance(flops, tuple) else flops
         t_launch = launches * t_launch_us * 1e-3
         out[name] = {
             "gflop": flops / 1e9,
@@ -134,7 +155,7 @@ def step_model(
             "ms": t_math + t_launch,
         }
     for name in out:
-        if name.startswith("polar"):
+        if name.startswith("polar") or name == "mixed":
             out[name]["steps"] = steps
     return out
 

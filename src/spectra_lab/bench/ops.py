@@ -515,6 +515,25 @@ def matmul_flops(method: str, shape: tuple[int, ...], steps: int = 0, fp64_redo:
     return count * total
 
 
+def mixed_flops(shape: tuple[int, ...], steps: int, exact: int) -> tuple[int, int]:
+    """Flops of ``soft_clip(method="mixed")`` as ``(in the Gram matrix's precision, in bf16)``.
+
+    Exact: the Gram matrix (``2m²n``), ``G²`` (``2m³``), the first step's ``QB₀`` (``2m²n``:
+    ``Q·√w_I·I`` is a scaling) and every further exact step; each later step, in bf16:
+    ``E = BBᵀ`` and ``QB`` (``2m²(n+m)`` each) and ``E²`` (``2m³``), with ``B`` of
+    ``m × (n+m)``.
+    """
+    *batch, m, n = shape
+    m, n = min(m, n), max(m, n)
+    count = math.prod(batch) if batch else 1
+    step = 4 * m * m * (n + m) + 2 * m**3
+    if steps == 0:
+        return 0, 0
+    exact = min(max(exact, 1), steps)
+    full = 4 * m * m * n + 2 * m**3 + (exact - 1) * step
+    return count * full, count * (steps - exact) * step
+
+
 def flop_table(shapes: dict[str, tuple[int, ...]], inputs: tuple[str, ...]) -> str:
     """Markdown table: GFLOP of the matmul-only methods and polar's steps on each input."""
     rows = []

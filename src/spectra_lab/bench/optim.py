@@ -12,6 +12,8 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
   total / 8), the step run an eighth of the parameters at a time;
 * ``spectra-wrap``: ``spectra.Spectra(torch.optim.AdamW(...), clip_c=10)``;
 * ``spectra-noclip`` (only on request): ``spectra.AdamW(clip_c=None)``;
+* ``spectra-adamw-eigh``, ``-polar``, ``-mixed`` (only on request): ``spectra-adamw`` with
+  that ``clip_method``;
 * ``paper-wrap-bf16``, ``paper-wrap-fp32``: the clone-and-subtract wrapper of the paper's
   code, reimplemented: clone every matrix, call the base step, recover
   ``U = (X_k − X_{k+1})/η − λX_k`` and loop over the matrices calling
@@ -74,9 +76,14 @@ METHODS = (
     "paper-wrap-bf16",
     "paper-wrap-fp32",
 )
-#: Extra method: the native step without the clip, to separate the step's own cost from the
-#: operator's.
-EXTRA_METHODS = ("spectra-noclip",)
+#: Extra methods: the native step without the clip, to separate the step's own cost from the
+#: operator's; and spectra-adamw with each soft-clip method forced (``clip_method``).
+EXTRA_METHODS = (
+    "spectra-noclip",
+    "spectra-adamw-eigh",
+    "spectra-adamw-polar",
+    "spectra-adamw-mixed",
+)
 #: How the peak memory is measured, as the report states it.
 CUDA_MEMORY = "torch.cuda.max_memory_allocated during a step"
 CPU_MEMORY = (
@@ -274,6 +281,8 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
     if method == "spectra-adamw-chunked":
         chunk = eighth_chunks([p.numel() for p in params])  # the wrapper's chunks
         return so.AdamW(params, clip_c=clip_c, chunk_elements=chunk, **kw)
+    if method.startswith("spectra-adamw-") and method != "spectra-adamw-chunked":
+        return so.AdamW(params, clip_c=clip_c, clip_method=method.rsplit("-", 1)[1], **kw)
     if method == "spectra-noclip":
         return so.AdamW(params, clip_c=None, **kw)
     if method == "spectra-wrap":
