@@ -189,7 +189,7 @@ def test_a_default_step_on_cuda_synchronises_once(gpu):
     shapes = ((64, 32), (64, 32), (32, 96), (48,), (4, 8, 3))
     ps = [torch.randn(s, device=gpu, requires_grad=True) for s in shapes]
     opt = so.AdamW(ps, lr=1e-2, clip_c=0.5)
-    for k in range(2):
+    for _ in range(2):
         for p in ps:
             p.grad = torch.randn_like(p)
         torch.cuda.synchronize()

@@ -189,7 +189,7 @@ def test_readme_operator_table_is_the_stored_bench_ops_runs():
         return f"≤ {sci(max(c[key] for c in cells))}"
 
     rows = {
-        "recorded training directions (36 cells)": ("recorded", {}),
+        "recorded training directions": ("recorded", {}),
         "synthetic sign / Gaussian, 768² to 2048²": ("synthetic", {"input": ("sign", "gauss")}),
         "stress: spike at σ = 10³·c": ("synthetic", {"input": ("adam_spike",)}),
     }
@@ -198,8 +198,10 @@ def test_readme_operator_table_is_the_stored_bench_ops_runs():
         auto = ops_cells(which, method=("auto",), **match)
         fp32 = {m: ops_cells(which, method=(m,), dtype=("fp32",), **match)
                 for m in ("auto", "paper_fp32", "paper_bf16")}  # fmt: skip
-        row = next(line for line in readme.splitlines() if line.startswith(f"| {label} |"))
-        cells = [c.strip() for c in row.split("|")[2:-1]]
+        # the rows of the CPU without bf16 units (the native rows: test_native_bf16_figures_...)
+        row = next(line for line in readme.splitlines()
+                   if line.startswith(f"| {label} | emulated"))  # fmt: skip
+        cells = [c.strip() for c in row.split("|")[3:-1]]
         assert cells[0] == rng(auto, "vs_paper_bf16", ".2f"), row
         assert cells[1] == at_most(fp32["auto"]), row
         for cell, m in zip(cells[2:], ("paper_fp32", "paper_bf16"), strict=True):
@@ -543,3 +545,64 @@ def test_gpu_check_without_cuda_is_one_line_and_success(monkeypatch, capsys):
     assert main(["bench", "gpu-check", "--out", "/nonexistent/gpu"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "no CUDA GPU here" in out
+
+
+# --------------------------------------------------------------------------- native bf16 CPU
+
+
+def test_native_bf16_figures_are_the_stored_runs():
+    import statistics
+
+    ops = data("docs/data/bench_ops_cpu_native_bf16.json")
+    assert ops["cpu_bf16"].startswith("native")
+    cells = ops["cells"]
+
+    def ratios(method: str, kind: str) -> list[float]:
+        return [c["vs_paper_bf16"] for c in cells if c["method"] == method
+                and (kind in c["input"] if kind == "@" else c["input"] == kind)]  # fmt: skip
+
+    readme = text("README.md").splitlines()
+    for kind in ("@", "sign", "adam_spike"):
+        got = ratios("auto", kind)
+        row = next(line for line in readme if "| native, AMX" in line
+                   and f"| {span(min(got), max(got))} |" in line)  # fmt: skip
+        worst = max(c["rel_err"] for c in cells if c["method"] == "auto"
+                    and (kind in c["input"] if kind == "@" else c["input"] == kind))  # fmt: skip
+        assert f"| ≤ {sci(worst)} |" in row, row
+    medians = {m: statistics.median(c["vs_paper_bf16"] for c in cells if c["method"] == m)
+               for m in ("auto", "polar", "mixed")}  # fmt: skip
+    assert_quoted(f"its median is {medians['auto']:.2f}× the paper's bf16 run "
+                  f"(`polar` {medians['polar']:.2f}×", "README.md")  # fmt: skip
+    assert_quoted(f"error, {medians['mixed']:.2f}×)", "README.md")
+    rate = ops["matmul_gflops"]["bf16"] / ops["matmul_gflops"]["fp32"]
+    assert_quoted(f"run at {rate:.1f}× the float32 rate", "README.md")
+
+
+def test_operators_page_native_bf16_tables_are_the_stored_runs():
+    import statistics
+
+    cells = data("docs/data/bench_ops_cpu_native_bf16.json")["cells"]
+    doc = text("docs/operators.md")
+    labels = {"adam_spike": "Adam-like spike", "sign": "sign"}
+    for c in cells:
+        if c["method"] != "auto" or c["input"] not in labels:
+            continue
+        mine = {
+            x["method"]: x for x in cells if (x["shape"], x["input"]) == (c["shape"], c["input"])
+        }
+        ratios = " | ".join(f"{mine[m]['vs_paper_bf16']:.2f}" for m in ("auto", "polar", "mixed"))
+        errs = " | ".join(
+            f"{mine[m]['rel_err']:.1e}" for m in ("auto", "polar", "mixed", "paper_bf16")
+        )
+        shape = c["shape"].replace("x", "×")
+        row = next(line for line in doc.splitlines()
+                   if line.startswith(f"| {shape} | {labels[c['input']]}"))  # fmt: skip
+        assert f"| {ratios} | {errs} |" in row, row
+    for m in ("auto", "eigh", "polar", "mixed"):
+        med = statistics.median(c["vs_paper_bf16"] for c in cells if c["method"] == m)
+        assert_quoted(f"`{m}` {med:.2f}", "docs/operators.md")
+    optim = {
+        r["method"]: r for r in data("docs/data/bench_optim_cpu_native_bf16_2threads.json")["rows"]
+    }
+    for m, r in optim.items():
+        assert_quoted(f"| `{m}` | {r['step_s']:.3f} |", "docs/operators.md")

@@ -4,8 +4,8 @@ On a GPU every read of a device tensor on the host (``.item()``, ``.tolist()``, 
 ``float(t)``, ``int(t)``) waits for the queue to drain. The matmul-only soft clip (``"polar"``,
 the CUDA default, and ``"mixed"``) must read α on the host; the step reads every operator's α
 and the finite checks together, once. These tests count the reads of one step on the CPU,
-where the same code runs (the step counters are CPU tensors on every device, as in torch's
-optimizers, and are not counted).
+where the same code runs with ``spectra.optim.chain.READ_ONCE_ON_CPU`` (the step counters are
+CPU tensors on every device, as in torch's optimizers, and are not counted).
 """
 
 from __future__ import annotations
@@ -48,6 +48,14 @@ def counted_reads(skip: set[int]):
 def step_counters(opt) -> set[int]:
     states = list(opt.state.values()) + list(getattr(opt, "base", opt).state.values())
     return {id(st["step"]) for st in states if torch.is_tensor(st.get("step"))}
+
+
+@pytest.fixture(autouse=True)
+def gpu_path(monkeypatch):
+    # the path every device but the CPU takes (there a read costs nothing)
+    from spectra.optim import chain
+
+    monkeypatch.setattr(chain, "READ_ONCE_ON_CPU", True)
 
 
 def reads_of_one_step(make, **kw) -> list[str]:

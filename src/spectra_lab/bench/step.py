@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from spectra.validate import check_int, check_number
+from spectra_lab.bench.precision import device_about
 from spectra_lab.errors import CLIError
 
 DEFAULT_OPTIMIZERS = ("adamw", "spectra-adamw", "signum", "spectra-signum")
@@ -214,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         "args": {name: getattr(args, name) for name in ARGS},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        **device_about(args.device),
         "parameters": rows[0]["parameters"],
         "rows": rows,
         "no_pre_clip": (
