@@ -186,12 +186,20 @@ def test_state_loads_across_devices(entry, device):
 
 
 @parametrize
-def test_tensor_lr_gives_the_float_lr_result(entry):
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)], ids=["0-d", "(1,)", "(1, 1)"])
+def test_tensor_lr_gives_the_float_lr_result(entry, shape):
+    # a 1-element tensor of any shape, as torch's optimizers accept it
     a, b = params(), params()
     run(entry(a, lr=1e-2), a, 3)
-    run(entry(b, lr=torch.tensor(1e-2)), b, 3)
+    run(entry(b, lr=torch.full(shape, 1e-2)), b, 3)
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+
+
+@parametrize
+def test_tensor_lr_of_more_than_one_element_is_refused_in_torchs_words(entry):
+    with pytest.raises(ValueError, match="Tensor lr must be 1-element"):
+        entry(params(), lr=torch.tensor([1e-3, 1e-3]))
 
 
 @parametrize
@@ -338,7 +346,7 @@ def test_sparse_gradients_train_or_are_refused_by_name(entry):
         assert not torch.equal(before, emb.weight)
         assert torch.equal(before[5], emb.weight[5].detach())  # untouched rows stay
     else:
-        with pytest.raises(ValueError, match="sparse"):
+        with pytest.raises(RuntimeError, match="sparse"):  # torch's optimizers' error type
             opt.step()
 
 

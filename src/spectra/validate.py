@@ -41,6 +41,11 @@ def check_number(
     """
     if value is None and none_ok:
         return None
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        # torch's optimizers' wording for a tensor lr
+        raise ValueError(
+            f"Tensor {name} must be 1-element, got a tensor of shape {tuple(value.shape)}"
+        )
     x = _scalar(value)
     ok = isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
     if ok and low is not None:

@@ -246,13 +246,14 @@ class SpectraOptimizer(Optimizer):
 
     def _check_sparse(self, group: dict[str, Any], g: int, i: int, p: Tensor) -> None:
         where = f"parameter {i} of group {g} (shape {tuple(p.shape)}) has a sparse gradient"
+        # RuntimeError, as torch's optimizers raise for a sparse gradient they cannot take
         if not self._sparse_directions:
-            raise ValueError(
+            raise RuntimeError(
                 f"{type(self).__name__} does not support sparse gradients: {where}; use "
                 "spectra.Spectra around an optimizer that does (e.g. torch.optim.SGD)"
             )
         if group["pre_clip_c"] is not None and matrix_shape(p, True) is not None:
-            raise ValueError(f"pre-clipping needs dense gradients: {where}")
+            raise RuntimeError(f"pre-clipping needs dense gradients: {where}")
 
     def _plans(self, work: Work) -> list[ParamPlan]:
         """Count the step in every state (creating it first) and plan each parameter."""

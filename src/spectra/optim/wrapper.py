@@ -164,7 +164,7 @@ class Spectra(SpectraOptimizer):
             except RuntimeError as err:
                 if "sparse" not in str(err):
                     raise
-                raise ValueError(
+                raise RuntimeError(
                     f"{type(self.base).__name__} does not support sparse gradients, which "
                     f"Spectra passed it as they are: {err}"
                 ) from None

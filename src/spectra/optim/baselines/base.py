@@ -71,7 +71,7 @@ class BaselineOptimizer(Optimizer):
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
-                    raise ValueError(sparse_error(type(self).__name__, p))
+                    raise RuntimeError(sparse_error(type(self).__name__, p))
                 with whole_parameter(p) as (w, g):
                     self._update(group, p, w, g)
         return loss

@@ -225,8 +225,9 @@ class SOAP(BaselineOptimizer):
         adam_moments_([g_rot], [exp_avg], [exp_avg_sq], beta1, beta2)
         direction = rotate_back(exp_avg / (exp_avg_sq.sqrt() + group["eps"]), step_basis)
         # The bias corrections are folded into the step size, with ε added before them.
-        step_size = group["lr"] * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-        decay_weights_([w], [ParamPlan(group["lr"], group["weight_decay"])])
+        lr = float(group["lr"])  # a 1-element tensor lr counts as its number
+        step_size = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+        decay_weights_([w], [ParamPlan(lr, group["weight_decay"])])
         add_update_([w], [direction.to(w.dtype)], [ParamPlan(step_size)])
 
         if first:
