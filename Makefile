@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e ".[train,dev,eval,log]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[train,dev,eval,log,hf]"
 	touch $(STAMP)
 
 setup: $(STAMP)

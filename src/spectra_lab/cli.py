@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare-data": ("spectra_lab.data.cli", "download/tokenize a corpus into .bin shards"),
     "sample": ("spectra_lab.runs.sample", "generate text from a checkpoint"),
     "compare": ("spectra_lab.runs.compare", "plot the validation curves of several runs"),
+    "export": ("spectra_lab.runs.export", "write a run in the Hugging Face Llama format"),
     "eval": ("spectra_lab.eval.cli", "downstream scores of a run through lm-eval"),
     "synth": ("spectra_lab.synth.cli", "the paper's synthetic experiments"),
     "sweep": ("spectra_lab.sweep.cli", "a grid of training runs x seeds, resumable, with a report"),

@@ -45,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--online", action="store_true", help="let lm-eval download task data from the Hub"
     )
+    parser.add_argument(
+        "--hf", action="store_true",
+        help="export the run in the Hugging Face format (RUN_DIR/eval/hf) and score it with "
+        "lm-eval's own hf model instead of spectra's",
+    )  # fmt: skip
 
 
 def hub_offline() -> None:
@@ -76,11 +81,15 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise CLIError(f"spectra eval needs lm-eval: pip install -e '.[eval]' ({exc})") from None
 
-    lm = SpectraLM(ckpt=args.ckpt or run_dir, device=args.device, batch_size=args.batch_size)
     out_dir = run_dir / EVAL_DIR
+    if args.hf:
+        lm, dataset_dir = hf_model(args.ckpt or run_dir, out_dir / "hf", args)
+    else:
+        lm = SpectraLM(ckpt=args.ckpt or run_dir, device=args.device, batch_size=args.batch_size)
+        dataset_dir = lm.dataset_dir
     if OFFLINE_TASK in args.tasks:
-        task_dir, n, digest = build_offline_task(lm.dataset_dir, out_dir / "tasks")
-        print(f"{OFFLINE_TASK}: {n} passages from {lm.dataset_dir} (sha256 {digest[:12]})")
+        task_dir, n, digest = build_offline_task(dataset_dir, out_dir / "tasks")
+        print(f"{OFFLINE_TASK}: {n} passages from {dataset_dir} (sha256 {digest[:12]})")
         task_manager = TaskManager(include_path=str(task_dir))
     else:
         task_manager = TaskManager()
@@ -122,6 +131,23 @@ def run(args: argparse.Namespace) -> int:
     print(scores_markdown(rows), end="")
     print(f"wrote {out_dir / RESULTS_FILE}, {out_dir / SCORES_MD} and {out_dir / SCORES_CSV}")
     return 0
+
+
+def hf_model(ckpt: str | Path, out: Path, args: argparse.Namespace) -> tuple[Any, Path]:
+    """lm-eval's ``hf`` model on a Hugging Face export of ``ckpt`` written to ``out``, and the
+    run's dataset directory."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    from spectra_lab.runs.checkpoint import read_checkpoint, resolve_checkpoint
+    from spectra_lab.runs.export import export_hf
+
+    export_hf(ckpt, out)
+    print(f"exported {ckpt} to {out}; scoring it with lm-eval's hf model")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    lm = HFLM(pretrained=str(out), dtype="float32", device=device, batch_size=args.batch_size)
+    state = read_checkpoint(resolve_checkpoint(ckpt), map_location="cpu")
+    return lm, Path(state["dataset_dir"])
 
 
 # ---------------------------------------------------------------------- results files
