@@ -256,3 +256,21 @@ def test_check_fails_on_a_changed_number_and_writes_nothing(report, tmp_path, ca
     page.write_text(changed.replace("<!-- study:nobody -->\n<!-- /study:nobody -->\n", ""))
     assert report.main(["--doc", str(page), "--no-figures"]) == 0
     assert page.read_text() == text + "\n"
+
+
+def test_hard_vs_soft_deltas_are_hard_minus_soft_from_the_three_sweeps(report):
+    hard = {"post": "hard_clip"}
+    seeds = sweep(
+        ({"optimizer": "spectra-adamw"}, A, None), ({"optimizer": "spectra-signum"}, A, None)
+    )
+    cab = sweep(({"clip_c": 5.0}, A, None), ({"clip_c": 20.0}, A, None))
+    hvs = sweep(
+        ({"optimizer": "spectra-adamw", "clip_c": 10.0, "optimizer_kwargs": hard}, B, None),
+        ({"optimizer": "spectra-signum", "clip_c": 5.0, "optimizer_kwargs": hard}, A, None),
+        ({"optimizer": "spectra-signum", "clip_c": 5.0}, B, None),
+    )
+    md = report.hard_table(hvs, seeds, cab)
+    assert row_of(md, "| spectra-adamw | 10 |").endswith(f"| {UP} | soft lower |")
+    assert row_of(md, "| spectra-signum | 5 |").endswith(f"| {DOWN} | hard lower |")
+    # c = 5 for Spectra-AdamW: its soft runs are c-ablation's, the hard ones not run yet
+    assert row_of(md, "| spectra-adamw | 5 |").endswith("| – (fewer than 2 paired seeds) | – |")

@@ -217,6 +217,33 @@ def c_table(cab: dict | None, seeds: dict | None) -> tuple[str, dict]:
     return "\n".join(rows), {"values": values, "diffs": diffs}
 
 
+def hard_table(hvs: dict | None, seeds: dict | None, cab: dict | None) -> str:
+    """Hard against soft clipping: final val loss of each, Δ = hard − soft (paired) per
+    optimizer and c. The soft runs at c = 10 are seeds.yaml's, Spectra-AdamW's at 5 and 20
+    c-ablation.yaml's."""
+    rows = ["| optimizer | c | soft `H_c` | hard `min(σ, c)` | Δ = hard − soft (paired) | "
+            "verdict |", "|---|---:|---|---|---|---|"]  # fmt: skip
+    for opt in ("spectra-adamw", "spectra-signum"):
+        for c in (5.0, 10.0, 20.0):
+            if c == 10.0:
+                soft = per_seed(seeds, optimizer=opt)
+            elif opt == "spectra-adamw":
+                soft = per_seed(cab, clip_c=c)
+            else:
+                soft = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs=None)
+            hard = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs={"post": "hard_clip"})
+            d = paired(soft, hard)
+            if d is None:
+                verdict = "–"
+            elif d["sig"]:
+                verdict = "hard lower" if d["mean"] < 0 else "soft lower"
+            else:
+                verdict = "no difference"
+            rows.append(f"| {opt} | {c:g} | {mean_std(soft)} | "
+                        f"{mean_std(hard)} | {fmt_diff(d)} | {verdict} |")  # fmt: skip
+    return "\n".join(rows)
+
+
 NS_CASES = [
     ("paper, N_s = 5, bf16", {"clip_method": "paper", "clip_ns_steps": 5,
                               "clip_ns_dtype": "bfloat16"}),
@@ -777,7 +804,8 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
     """``(bodies, missing, parts)``: the body of every block that can be computed, the reason
     for each one that cannot (left as it is), and the parts the figures are drawn from."""
     seeds, stab = load("seeds", results), load("signum-stability", results)
-    c_md, c = c_table(load("c-ablation", results), seeds)
+    cab = load("c-ablation", results)
+    c_md, c = c_table(cab, seeds)
     ns_md, ns = ns_table(load("ns-ablation", results), seeds)
     fx_md, fx = fixed_table(load("fixed-time", results), seeds)
 
@@ -790,6 +818,7 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
         "pairs": lambda: pairs_table(seeds),
         "signum": lambda: signum_table(stab),
         "c": lambda: c_md,
+        "hard-vs-soft": lambda: hard_table(load("hard-vs-soft", results), seeds, cab),
         "ns": lambda: ns_md,
         "fixed": lambda: fx_md,
         "overhead": lambda: overhead_table(seeds),
