@@ -110,14 +110,16 @@ def batched_apply_all_(
             out = op.end(_stack(batch), p, values[:k])
         values = values[k:]
         torch._foreach_copy_(batch, list(out.unbind(0)))
+    threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
     for op, mats, cap in direct:
-        threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
-        on_cpu = [X for X in mats if X.device.type == "cpu"] if threads > 1 else []
-        for batch in _batches(
-            [X for X in mats if not (threads > 1 and X.device.type == "cpu")], cap
-        ):
+        # with threads, the CPU's batches run side by side; the others one after another
+        side: list[Tensor] = []
+        rest: list[Tensor] = []
+        for X in mats:
+            (side if threads > 1 and X.device.type == "cpu" else rest).append(X)
+        for batch in _batches(rest, cap):
             _apply(op, batch, grad)
-        _apply_on_cpu(op, on_cpu, cap, grad, threads)
+        _apply_on_cpu(op, side, cap, grad, threads)
     return True
 
 

@@ -255,8 +255,7 @@ def soft_clip(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    if method == "auto":
-        method = _default_method(X.device)
+    method = soft_clip_method(method, X.device)
     if X.dim() > 1 and method == "polar":
         return soft_clip_polar(X, c, tol=tol, dtype=ns_dtype)
     if X.dim() > 1 and method == "mixed":
@@ -309,10 +308,9 @@ def soft_clip_begin(
     all of them. The arguments are checked here, as by :func:`soft_clip`."""
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    if method == "auto":
-        method = _default_method(X.device)
-    if method in ("polar", "mixed") and not (math.isfinite(tol) and 1e-6 <= tol < 1):
-        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
+    method = soft_clip_method(method, X.device)
+    if method in ("polar", "mixed"):
+        _check_tol(tol)
     pending = SoftClipPending(
         torch.empty(0, dtype=torch.float64, device=X.device), c, method, ns_steps, ns_dtype, tol
     )
@@ -337,6 +335,11 @@ def soft_clip_end(X: Tensor, pending: SoftClipPending, values: Sequence[float]) 
         return _orient(_polar_run(Xw, p.c, plan).to(X.dtype), transposed)
     plan = _polar_decide(Xw, p.gram, values, p.tol, None)
     return _orient(_mixed_run(Xw, p.c, plan).to(X.dtype), transposed)
+
+
+def _check_tol(tol: float) -> None:
+    if not (math.isfinite(tol) and 1e-6 <= tol < 1):
+        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
 
 
 def _pow2_scale(X: Tensor) -> Tensor:
@@ -502,8 +505,7 @@ def soft_clip_polar(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    if not (math.isfinite(tol) and 1e-6 <= tol < 1):
-        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
+    _check_tol(tol)
     if X.dim() == 1:
         return soft_clip(X, c, method="eigh")
     if X.numel() == 0:
@@ -560,8 +562,7 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    if not (math.isfinite(tol) and 1e-6 <= tol < 1):
-        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
+    _check_tol(tol)
     if X.dim() == 1:
         return soft_clip(X, c, method="eigh")
     if X.numel() == 0:
