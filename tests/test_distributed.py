@@ -110,6 +110,31 @@ def test_ddp_split_divides_the_spectral_work_and_equals_one_process(tmp_path):
     assert all(n > 0 for n in per_rank)
 
 
+ADAPTIVE_KW = {"clip_c": 0.3, "pre_clip_kappa": 0.5, "pre_clip_beta": 0.5}
+
+
+def _train_adaptive() -> list[torch.Tensor]:
+    ps = _params()
+    opt = so.AdamW(ps, lr=1e-2, **ADAPTIVE_KW)
+    for k in range(STEPS + 2):
+        for p, g in zip(ps, _grads(k), strict=True):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in ps]
+
+
+def _adaptive_worker(rank: int, tmp: Path) -> None:
+    torch.save(_train_adaptive(), tmp / f"adaptive_{rank}.pt")
+
+
+def test_adaptive_pre_clip_under_ddp_equals_one_process(tmp_path):
+    _spawn(_adaptive_worker, tmp_path)
+    reference = _train_adaptive()
+    for r in range(WORLD):
+        for a, b in zip(torch.load(tmp_path / f"adaptive_{r}.pt"), reference, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def _unreplicated_worker(rank: int, tmp: Path) -> None:
     ps = _params(seed=rank)  # a different model on each rank
     opt = so.AdamW(ps)
@@ -249,15 +274,33 @@ def test_bench_dist_times_split_and_unsplit_steps_and_models_the_volume(tmp_path
 
 def test_unsupported_dtensor_layouts_are_refused_by_name():
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Partial, Shard, distribute_tensor
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        mesh = init_device_mesh("cpu", (1, 1))  # a 2-D mesh, as tensor parallelism uses
-        p = nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Shard(0), Shard(1)]))
-        opt = so.AdamW([p])
-        p.grad = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0), Shard(1)])
-        with pytest.raises(ValueError, match="2-D mesh is not supported"):
+        cube = init_device_mesh("cpu", (1, 1, 1))  # a 3-D mesh
+        placements = [Shard(0), Shard(1), Shard(0)]
+        p = nn.Parameter(distribute_tensor(torch.randn(4, 4), cube, placements))
+        opt = so.AdamW([torch.zeros(2, requires_grad=True), p])
+        p.grad = distribute_tensor(torch.randn(4, 4), cube, placements)
+        with pytest.raises(ValueError, match=r"parameter 0 of group 0 of shape \(4, 4\) .*3-D"):
+            opt.step()
+        square = init_device_mesh("cpu", (1, 1), mesh_dim_names=("a", "b"))
+        q = nn.Parameter(distribute_tensor(torch.randn(4, 4), square, [Shard(0), Shard(1)]))
+        q.grad = distribute_tensor(torch.randn(4, 4), square, [Shard(0), Shard(1)])
+        opt = so.AdamW([q])
+        opt.step()  # a 2-D mesh is taken
+        from torch.distributed.tensor import DTensor
+
+        bad = nn.Parameter(DTensor.from_local(torch.randn(4, 4), square, [Shard(0), Partial()]))
+        bad.grad = DTensor.from_local(torch.randn(4, 4), square, [Shard(0), Partial()])
+        with pytest.raises(ValueError, match="Partial"):
+            so.AdamW([bad]).step()
+        row = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        q = nn.Parameter(distribute_tensor(torch.randn(4, 4), row, [Shard(0)]))
+        opt = so.AdamW([q], pre_clip_kappa=2.0)
+        q.grad = distribute_tensor(torch.randn(4, 4), row, [Shard(0)])
+        with pytest.raises(ValueError, match=r"adaptive pre-clipping .* \(shape \(4, 4\)\)"):
             opt.step()
     finally:
         dist.destroy_process_group()

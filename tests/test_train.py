@@ -153,16 +153,28 @@ def test_cli_short_run_loss_falls_and_writes_metrics(train_dataset, tmp_path, ca
     assert f"{summary['val_loss']:.4f}" in final
 
 
-@pytest.mark.parametrize("optimizer", ["torch-adamw", "spectra-adamw"])
-def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_path, optimizer):
-    # spectra-adamw: the main job's optimizer, clipping with the "standard" schedule
-    full = train(small_config(train_dataset, tmp_path / "full", grad_accum=2, optimizer=optimizer))
+@pytest.mark.parametrize(
+    ("optimizer", "extra"),
+    [
+        ("torch-adamw", {}),
+        ("spectra-adamw", {}),
+        ("spectra-adamw", {"pre_clip_kappa": 0.5, "pre_clip_beta": 0.9}),
+    ],
+)
+def test_interrupted_and_resumed_run_equals_uninterrupted(
+    train_dataset, tmp_path, optimizer, extra
+):
+    # spectra-adamw: the main job's optimizer, clipping with the "standard" schedule; and with
+    # an adaptive pre-clip, whose running scales are optimizer state
+    full = train(
+        small_config(train_dataset, tmp_path / "full", grad_accum=2, optimizer=optimizer, **extra)
+    )
 
     def interrupt(step, record):
         if step == 13:
             raise KeyboardInterrupt
 
-    cfg = small_config(train_dataset, tmp_path / "cut", grad_accum=2, optimizer=optimizer)
+    cfg = small_config(train_dataset, tmp_path / "cut", grad_accum=2, optimizer=optimizer, **extra)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, on_step=interrupt)
     assert [s for s, _ in list_checkpoints(cfg.out_dir)] == [5, 10]
@@ -190,6 +202,11 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(train_dataset, tmp_pat
     sb = read_checkpoint(Path(cfg.out_dir) / "ckpt" / "step_0000020.pt")["optimizer"]["state"]
     for i in sa:
         torch.testing.assert_close(sb[i]["exp_avg_sq"], sa[i]["exp_avg_sq"], rtol=0, atol=1e-9)
+    scales = [s["pre_clip_ema"] for s in sa.values() if "pre_clip_ema" in s]
+    assert len(scales) == (14 if extra else 0)  # the tiny model's clipped matrices
+    for i in sa:
+        if "pre_clip_ema" in sa[i]:
+            assert sb[i]["pre_clip_ema"] == pytest.approx(sa[i]["pre_clip_ema"], rel=1e-6)
 
 
 def test_resume_with_more_steps_follows_the_extended_schedule(train_dataset, tmp_path):
@@ -370,6 +387,20 @@ def test_spectral_groups_carry_the_clip_settings_of_clipped_groups_only():
     assert opt.clip_threshold() == pytest.approx(5.0 / lr_lambda(0))
     with pytest.raises(ValueError, match="pre_clip_c_final"):
         TrainConfig(pre_clip_c=1.0, pre_clip_c_final=2.0)
+    # the adaptive pre-clip: its settings reach the clipped groups; one-line errors
+    adaptive = dataclasses.replace(
+        cfg, pre_clip_c=None, pre_clip_schedule="constant", pre_clip_kappa=2.0, pre_clip_beta=0.9
+    )
+    for g in spectral_groups(groups, adaptive, lr_lambda):
+        on = g["group"] in ("hidden", "attn")
+        assert g.get("pre_clip_kappa") == (2.0 if on else None), g["group"]
+        assert g.get("pre_clip_beta", 0.9) == 0.9
+    with pytest.raises(ConfigError, match=r"'pre_clip_kappa' = 2\.0: dmuon does not pre-clip"):
+        check_optimizer(dataclasses.replace(adaptive, optimizer="dmuon"))
+    with pytest.raises(ValueError, match=r"'pre_clip_kappa' = 2\.0: cannot be combined"):
+        TrainConfig(pre_clip_c=1.0, pre_clip_kappa=2.0)
+    with pytest.raises(ValueError, match=r"'pre_clip_beta' = 1\.0"):
+        TrainConfig(pre_clip_kappa=2.0, pre_clip_beta=1.0)
 
 
 def test_registry_defaults_are_the_papers_settings_and_optimizer_kwargs_override_them():

@@ -244,6 +244,112 @@ def hard_table(hvs: dict | None, seeds: dict | None, cab: dict | None) -> str:
     return "\n".join(rows)
 
 
+def difference(d: dict | None, lower_name: str, higher_name: str) -> str:
+    """Verdict of Δ = b − a: which ends lower when the paired t passes, else no difference."""
+    if d is None:
+        return "–"
+    if not d["sig"]:
+        return "no difference"
+    return lower_name if d["mean"] > 0 else higher_name
+
+
+#: The adaptive-preclip sweep's pre-clip settings, by row label (the runs without pre-clipping
+#: are signum-stability.yaml's Spectra-Signum runs).
+PRECLIP_CASES = [
+    ("constant, c = 0.1", {"pre_clip_c": 0.1}),
+    ("cosine, c: 10 → 0.01", {"pre_clip_c": 10.0, "pre_clip_schedule": "cosine"}),
+    ("adaptive, κ = 0.5", {"pre_clip_kappa": 0.5}),
+    ("adaptive, κ = 1", {"pre_clip_kappa": 1.0}),
+    ("adaptive, κ = 2", {"pre_clip_kappa": 2.0}),
+]
+
+
+def preclip_table(adp: dict | None, stab: dict | None) -> str:
+    """Spectra-Signum at batch 2 without pre-clipping and with the constant, cosine and
+    adaptive thresholds: Δ against no pre-clip and against the cosine schedule (paired)."""
+    none = per_seed(stab, optimizer="spectra-signum")
+    runs = {label: per_seed(adp, **point) for label, point in PRECLIP_CASES}
+    cosine = runs["cosine, c: 10 → 0.01"]
+    rows = ["| pre-clip | final val loss | Δ = loss − none (paired) | vs none | "
+            "Δ = loss − cosine (paired) | vs cosine |", "|---|---|---|---|---|---|",
+            f"| none | {mean_std(none)} | (reference) | | | |"]  # fmt: skip
+    for label, _ in PRECLIP_CASES:
+        vals = runs[label]
+        d_none = paired(none, vals)
+        row = f"| {label} | {mean_std(vals)} | {fmt_diff(d_none)} | "
+        row += f"{difference(d_none, 'none lower', 'lower than none')} | "
+        if label.startswith("cosine"):
+            row += "(reference) | |"
+        else:
+            d_cos = paired(cosine, vals)
+            row += f"{fmt_diff(d_cos)} | {difference(d_cos, 'cosine lower', 'lower than cosine')} |"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+#: longer.yaml's five methods with their points (the tuned lrs of seeds.yaml).
+LONGER = [
+    ("adamw", {"optimizer": "adamw"}),
+    ("spectra-adamw", {"optimizer": "spectra-adamw"}),
+    ("spectra-signum", {"optimizer": "spectra-signum"}),
+    ("dmuon", {"optimizer": "dmuon"}),
+    ("soap", {"optimizer": "soap"}),
+]
+#: the leaders' lrs re-checked at ×0.5 and ×2 (longer-lr.yaml), around their tuned lr
+LONGER_LRS = {"spectra-adamw": (1e-3, 2e-3, 4e-3), "dmuon": (5e-3, 1e-2, 2e-2)}
+
+
+def longer_runs(longer: dict | None, seeds: dict | None) -> dict[str, tuple[dict, dict]]:
+    """Per method: (200-step losses of seeds.yaml, 600-step losses of longer.yaml) by seed."""
+    return {
+        name: (per_seed(seeds, optimizer=name), per_seed(longer, **point)) for name, point in LONGER
+    }
+
+
+def longer_table(longer: dict | None, seeds: dict | None) -> str:
+    """The five methods at 200 and at 600 steps, each at its tuned lr, with its rank; then
+    the comparisons of the SPECTRA variants with AdamW, D-Muon and SOAP at both budgets."""
+    runs = longer_runs(longer, seeds)
+
+    def ranks(i: int) -> dict[str, int]:
+        means = {n: statistics.fmean(v[i].values()) for n, v in runs.items() if v[i]}
+        return {n: k + 1 for k, n in enumerate(sorted(means, key=means.get))}
+
+    r200, r600 = ranks(0), ranks(1)
+    rows = ["| method | 200 steps (0.4M tokens) | rank | 600 steps (1.2M tokens) | rank |",
+            "|---|---|---:|---|---:|"]  # fmt: skip
+    for name, (short, long) in runs.items():
+        rows.append(f"| {name} | {mean_std(short)} | {r200.get(name, '–')} | {mean_std(long)} | "
+                    f"{r600.get(name, '–')} |")  # fmt: skip
+    rows += ["", "| comparison | Δ at 200 steps (paired) | Δ at 600 steps (paired) | "
+             "verdict at 600 |", "|---|---|---|---|"]  # fmt: skip
+    for a, b in [("spectra-adamw", "adamw"), ("spectra-adamw", "dmuon"),
+                 ("spectra-signum", "dmuon"), ("spectra-adamw", "soap"),
+                 ("spectra-signum", "soap")]:  # fmt: skip
+        d200 = paired(runs[a][0], runs[b][0])
+        d600 = paired(runs[a][1], runs[b][1])
+        rows.append(f"| Δ = {b} − {a} | {fmt_diff(d200)} | {fmt_diff(d600)} | "
+                    f"{difference(d600, f'{a} lower', f'{b} lower')} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def longer_lr_table(longer: dict | None, longer_lr: dict | None) -> str:
+    """The leaders at ×0.5, ×1 and ×2 their tuned lr for 600 steps: does the tuned lr hold?"""
+    rows = ["| method | lr | final val loss (600 steps) | Δ = loss − loss(tuned lr) (paired) | "
+            "verdict |", "|---|---:|---|---|---|"]  # fmt: skip
+    for name, lrs in LONGER_LRS.items():
+        tuned = per_seed(longer, optimizer=name)
+        for lr in lrs:
+            if lr == lrs[1]:
+                rows.append(f"| {name} | {lr:g} (tuned) | {mean_std(tuned)} | (reference) | |")
+                continue
+            vals = per_seed(longer_lr, optimizer=name, lr=lr)
+            d = paired(tuned, vals)
+            rows.append(f"| {name} | {lr:g} | {mean_std(vals)} | {fmt_diff(d)} | "
+                        f"{difference(d, 'tuned lower', 'lower than tuned')} |")  # fmt: skip
+    return "\n".join(rows)
+
+
 NS_CASES = [
     ("paper, N_s = 5, bf16", {"clip_method": "paper", "clip_ns_steps": 5,
                               "clip_ns_dtype": "bfloat16"}),
@@ -819,6 +925,9 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
         "signum": lambda: signum_table(stab),
         "c": lambda: c_md,
         "hard-vs-soft": lambda: hard_table(load("hard-vs-soft", results), seeds, cab),
+        "adaptive-preclip": lambda: preclip_table(load("adaptive-preclip", results), stab),
+        "longer": lambda: longer_table(load("longer", results), seeds),
+        "longer-lr": lambda: longer_lr_table(load("longer", results), load("longer-lr", results)),
         "ns": lambda: ns_md,
         "fixed": lambda: fx_md,
         "overhead": lambda: overhead_table(seeds),

@@ -17,6 +17,7 @@ from spectra.ops.spectral import (
     soft_clip_mixed,
     soft_clip_paper,
     soft_clip_polar,
+    soft_clip_with_norm,
 )
 
 __all__ = [
@@ -37,5 +38,6 @@ __all__ = [
     "soft_clip_mixed",
     "soft_clip_paper",
     "soft_clip_polar",
+    "soft_clip_with_norm",
     "spectral_lmo",
 ]

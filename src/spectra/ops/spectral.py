@@ -146,8 +146,11 @@ def _sigma_max_lower_bound(Xw: Tensor) -> Tensor:
     return torch.maximum(bound, rows.amax(dim=-1)).to(torch.float64)
 
 
-def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = None) -> Tensor:
-    """``X ↦ U diag(σ·w(σ)) Vᵀ`` through the eigen-decomposition of the small Gram matrix.
+def _spectral_map_eigh(
+    X: Tensor, c: float, weight, dtype: torch.dtype | None = None
+) -> tuple[Tensor, Tensor]:
+    """``X ↦ U diag(σ·w(σ)) Vᵀ`` through the eigen-decomposition of the small Gram matrix, and
+    each matrix's σ_max (float64, shape ``X.shape[:-2]``) from the same eigenvalues.
 
     ``weight(sigma)`` returns ``w(σ) = φ(σ)/σ`` as float64 for a clip at threshold ``c``. The
     result is ``K X`` with ``K = Q diag(w) Qᵀ``.
@@ -161,6 +164,8 @@ def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = 
     from X's largest row bounds σ_max from below, so a batch that clearly needs float64 goes
     there directly; otherwise the float32 eigenvalues decide.
     """
+    if X.numel() == 0:
+        return X.clone(), torch.zeros(X.shape[:-2], dtype=torch.float64, device=X.device)
     Xw, transposed = wide_view(X)
     wd = dtype or compute_dtype(Xw)
     if dtype is None and wd == torch.float32 and not fp32_products_are_ieee(Xw.device):
@@ -180,12 +185,13 @@ def _spectral_map_eigh(X: Tensor, c: float, weight, dtype: torch.dtype | None = 
             G, scale = _scaled_gram(Xw, wd)
     Q, sigma = eig if eig is not None else _eigh(G, scale)
     del G
+    top = sigma[..., -1] if sigma.shape[-1] else sigma.new_zeros(sigma.shape[:-1])
     # The last product in float32 unless float32 products are not IEEE (then it stays in wd).
     kd = compute_dtype(Xw) if fp32_products_are_ieee(Xw.device) else wd
     K = ((Q * weight(sigma).to(wd).unsqueeze(-2)) @ Q.mT).to(kd)
     del Q
     Y = (K @ Xw.to(K.dtype)).to(X.dtype)
-    return Y.mT if transposed else Y
+    return (Y.mT if transposed else Y), top
 
 
 def _spectral_map_svd(X: Tensor, phi) -> Tensor:
@@ -266,7 +272,7 @@ def soft_clip(
     if X.dim() == 1:
         return _vector_rule(X, lambda r: torch.hypot(torch.ones_like(r), r / c).reciprocal())
     if method == "eigh":
-        return _spectral_map_eigh(X, c, _soft_weight(c), ns_dtype)
+        return _spectral_map_eigh(X, c, _soft_weight(c), ns_dtype)[0]
     if method == "svd":
         return _spectral_map_svd(X, lambda s: s * _soft_weight(c)(s))
     raise ValueError(
@@ -335,6 +341,60 @@ def soft_clip_end(X: Tensor, pending: SoftClipPending, values: Sequence[float]) 
         return _orient(_polar_run(Xw, p.c, plan).to(X.dtype), transposed)
     plan = _polar_decide(Xw, p.gram, values, p.tol, None)
     return _orient(_mixed_run(Xw, p.c, plan).to(X.dtype), transposed)
+
+
+def soft_clip_with_norm(
+    X: Tensor,
+    c: float,
+    *,
+    method: SoftClipMethod = "auto",
+    ns_steps: int = 10,
+    ns_dtype: torch.dtype | None = None,
+    tol: float = POLAR_TOL,
+) -> tuple[Tensor, Tensor]:
+    r"""``(H_c(X), σ̂_max(X))``: :func:`soft_clip` and each matrix's spectral scale, read off the
+    Gram matrix the clip forms anyway (no extra pass over X).
+
+    ``σ̂_max`` is float64 with shape ``X.shape[:-2]`` (``()`` for a 1-D X):
+
+    * ``"eigh"``, ``"svd"``: σ_max itself (the largest eigenvalue of the Gram matrix);
+    * ``"polar"``, ``"mixed"``: the bound ``s_max = min(‖G‖_F, max_i Σ_j |G_ij|,
+      ‖G²‖_F^{1/2})^{1/2}`` that sets their α, with ``σ_max ≤ s_max ≤ r^{1/4}·σ_max`` for a
+      matrix of rank r (equal to σ_max when one direction dominates);
+    * ``"paper"``: Algorithm 1's ``s_max = min(‖G‖_F, max_i Σ_j |G_ij|)^{1/2}``
+      (``σ_max ≤ s_max ≤ r^{1/2}·σ_max``);
+    * a 1-D X: its Euclidean norm.
+
+    The arguments are those of :func:`soft_clip`, and ``H_c(X)`` is exactly what it returns.
+    """
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    method = soft_clip_method(method, X.device)
+    batch = X.shape[:-2] if X.dim() > 1 else ()
+    if X.dim() == 1:
+        check_finite(X)
+        norm = torch.linalg.vector_norm(X.to(torch.float64))
+        return soft_clip(X, c, method="eigh"), norm
+    if X.numel() == 0:
+        return X.clone(), X.new_zeros(batch, dtype=torch.float64)
+    if method in ("polar", "mixed"):
+        pending = soft_clip_begin(X, c, method=method, ns_dtype=ns_dtype, tol=tol)
+        Y = soft_clip_end(X, pending, pending.request.tolist())  # rejects non-finite input
+        return Y, (pending.gram.r * c).reshape(batch)
+    if method == "paper":
+        check_finite(X)
+        check_int("ns_steps", ns_steps, low=0)
+        Y, s2 = _soft_clip_paper(X, c, ns_steps, ns_dtype)
+        return Y, s2.to(torch.float64).sqrt()
+    check_finite(X)
+    if method == "eigh":
+        return _spectral_map_eigh(X, c, _soft_weight(c), ns_dtype)
+    if method == "svd":
+        norm = torch.linalg.matrix_norm(X.to(torch.float64), ord=2)
+        return soft_clip(X, c, method="svd"), norm
+    raise ValueError(
+        f"unknown soft_clip method {method!r}; expected auto, eigh, svd, polar, mixed or paper"
+    )
 
 
 def _check_tol(tol: float) -> None:
@@ -649,9 +709,18 @@ def soft_clip_paper(
     c = check_threshold(c, "c")
     check_finite(X)
     check_int("ns_steps", ns_steps, low=0)
-    wd = dtype or compute_dtype(X)
     if X.dim() == 1:
         return soft_clip(X, c, method="eigh")
+    if X.numel() == 0:
+        return X.clone()
+    return _soft_clip_paper(X, c, ns_steps, dtype)[0]
+
+
+def _soft_clip_paper(
+    X: Tensor, c: float, ns_steps: int, dtype: torch.dtype | None
+) -> tuple[Tensor, Tensor]:
+    """Algorithm 1 on checked input, and its ``s²_max`` (one per matrix)."""
+    wd = dtype or compute_dtype(X)
     Xw, transposed = wide_view(X)
     Xc = Xw.to(wd)
     mm = bf16_matmul if wd == torch.bfloat16 else torch.matmul
@@ -666,7 +735,7 @@ def soft_clip_paper(
     Y = mm(A, Xc).to(X.dtype)
     keep = (s2.sqrt() <= c)[..., None, None]
     Y = torch.where(keep, Xw, Y)
-    return Y.mT if transposed else Y
+    return (Y.mT if transposed else Y), s2
 
 
 # --------------------------------------------------------------------------- hard clip
@@ -696,7 +765,7 @@ def hard_clip(X: Tensor, c: float, *, method: HardClipMethod = "auto") -> Tensor
     if method == "auto":
         method = _default_hard_method(X)
     if method == "eigh":
-        return _spectral_map_eigh(X, c, _hard_weight(c))
+        return _spectral_map_eigh(X, c, _hard_weight(c))[0]
     if method == "svd":
         return _spectral_map_svd(X, lambda s: s.clamp(max=c))
     raise ValueError(f"unknown hard_clip method {method!r}; expected auto, eigh or svd")
@@ -790,6 +859,8 @@ def orthogonalize(
     check_int("ns_steps", ns_steps, low=0)
     if method == "auto":
         method = "svd"
+    if X.numel() == 0 and method in ("svd", "muon", "polar_express"):
+        return X.clone()
     if method == "svd":
 
         def phi(S: Tensor) -> Tensor:

@@ -47,11 +47,13 @@ from spectra.optim.distributed import (
 )
 from spectra.optim.settings import (
     SPECTRA_DEFAULTS,
+    adaptive_pre,
     check_spectra_settings,
     clip_threshold,
     describe_schedules,
     keep_schedules,
     plan,
+    pre_clips,
     schedules_of,
 )
 from spectra.validate import check_choice, check_int, check_real_params
@@ -175,7 +177,8 @@ class SpectraOptimizer(Optimizer):
         uses exactly this plan, so it also tells an observer what the next step will do.
         """
         lr_scale, weight_decay = self._param_rules(group, p)
-        return plan(group, p, step, lr_scale=lr_scale, weight_decay=weight_decay)
+        state = self.state.get(p)
+        return plan(group, p, step, lr_scale=lr_scale, weight_decay=weight_decay, state=state)
 
     # -- the step -----------------------------------------------------------------------
 
@@ -196,7 +199,7 @@ class SpectraOptimizer(Optimizer):
         # One host read per step: under nonfinite="raise" in one process without pre-clipping
         # (whose operators need finite gradients), the gradients' finite check is read with
         # the chain's (the state takes the step before it raises).
-        pre = any(g["pre_clip_c"] is not None for g, _ in work)
+        pre = any(pre_clips(g) for g, _ in work)
         single = group is None and sharded is None
         fold = self.defaults["nonfinite"] == "raise" and single and not pre
         grads_finite = finite_flag(grads) if fold else None
@@ -239,7 +242,13 @@ class SpectraOptimizer(Optimizer):
                 if p.grad.is_sparse:
                     self._check_sparse(group, g, i, p)
                 if is_sharded(p):
-                    check_layout(p)
+                    check_layout(p, f"parameter {i} of group {g}")
+                    if adaptive_pre(group, p):
+                        raise ValueError(
+                            f"{type(self).__name__}: adaptive pre-clipping (pre_clip_kappa) "
+                            f"takes whole matrices; parameter {i} of group {g} (shape "
+                            f"{tuple(p.shape)}) is a DTensor shard"
+                        )
             if params:
                 work.append((group, params))
         return work
@@ -252,7 +261,7 @@ class SpectraOptimizer(Optimizer):
                 f"{type(self).__name__} does not support sparse gradients: {where}; use "
                 "spectra.Spectra around an optimizer that does (e.g. torch.optim.SGD)"
             )
-        if group["pre_clip_c"] is not None and matrix_shape(p, True) is not None:
+        if pre_clips(group) and matrix_shape(p, True) is not None:
             raise RuntimeError(f"pre-clipping needs dense gradients: {where}")
 
     def _plans(self, work: Work) -> list[ParamPlan]:
@@ -266,6 +275,9 @@ class SpectraOptimizer(Optimizer):
                     self._init_state(group, p, state)
                 if not torch.is_tensor(state["step"]):  # a state saved with a plain int
                     state["step"] = step_counter(state["step"])
+                if adaptive_pre(group, p):
+                    # a float, which load_state_dict keeps as saved (it casts tensors)
+                    state.setdefault("pre_clip_ema", 0.0)
                 state["step"].add_(1)  # a float32 0-d tensor, as torch's optimizers keep it
                 plans.append(self.param_plan(group, p, int(state["step"]) - 1))
         return plans

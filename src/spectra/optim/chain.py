@@ -46,10 +46,17 @@ from spectra.ops import (
     soft_clip_begin,
     soft_clip_end,
     soft_clip_method,
+    soft_clip_with_norm,
 )
 from spectra.ops.batched import BATCH_FRACTION
+from spectra.ops.gram import gram_factor
 from spectra.ops.spectral import SoftClipPending
-from spectra.optim.distributed import all_agree_finite, apply_replicated, apply_sharded
+from spectra.optim.distributed import (
+    all_agree_finite,
+    apply_replicated,
+    apply_sharded,
+    mesh_group,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -68,6 +75,10 @@ Direction = Callable[[list[int], list[Tensor]], list[Tensor]]
 #: there the batches run side by side on threads instead (holding one batch's Gram matrices,
 #: not every batch's); the tests turn it on to count the reads of the GPU's path.
 READ_ONCE_ON_CPU = False
+
+#: The threshold at which an adaptive pre-clip's measuring step forms its Gram matrix: so large
+#: that the clip's scale is σ̂_max itself for any float64 gradient (its result is not used).
+MEASURE_C = 1e150
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,11 @@ class SpectralOp:
             return hard_clip(U, self.c, method=self.method)
         return soft_clip(U, self.c, method=self.method, **iteration)
 
+    def gram_factor(self, G: Tensor) -> Tensor:
+        """``K`` with ``self(X) = K·X`` for ``XXᵀ = G`` (:func:`spectra.ops.gram.gram_factor`),
+        for the Gram route of sharded matrices."""
+        return gram_factor(G, self.kind, self.c, method=self.method, **self._iteration())
+
     def deferred(self, device: torch.device) -> bool:
         """Whether :func:`spectra.ops.batched_apply_all_` runs this operator in two halves
         around one host read: a soft clip by ``"polar"`` or ``"mixed"`` (which reads α), off the
@@ -134,6 +150,10 @@ class ParamPlan:
         scale: α, the factor of the update (1 without a post operator).
         shard: the ``DTensor`` parameter when the chain gets its local shard (FSDP2); the
             spectral links then assemble the whole matrix (see :mod:`spectra.optim.distributed`).
+        pre_state: for an adaptive pre-clip, the parameter's optimizer state, whose
+            ``"pre_clip_ema"`` the pre-clip link updates (``pre`` then has ``c = inf`` on a
+            step that only measures); see :mod:`spectra.optim.settings`.
+        pre_beta: β of that running scale.
     """
 
     lr: float
@@ -143,6 +163,8 @@ class ParamPlan:
     post: SpectralOp | None = None
     scale: float = 1.0
     shard: Tensor | None = field(default=None, compare=False, repr=False)
+    pre_state: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    pre_beta: float = 0.0
 
 
 # --------------------------------------------------------------------------- the links
@@ -199,15 +221,51 @@ def pre_clip(
     group: ProcessGroup | None = None,
 ) -> list[Tensor]:
     """``g̃ = pre(g)`` for the parameters with a pre operator (copies; ``grads`` are not
-    modified), ``g`` for the others."""
+    modified), ``g`` for the others.
+
+    An adaptive pre-clip (``pre_state``) also measures each gradient's spectral scale σ̂ and
+    updates its running scale, ``m ← β·m + (1 − β)·min(σ̂, c)``; its matrices are clipped
+    on every rank of a ``group`` (their gradients are the same there), and it reads the device
+    once per call."""
     idx = [i for i, pl in enumerate(plans) if pl.pre is not None and pl.shape is not None]
     if not idx:
         return grads
     out = list(grads)
     for i in idx:
-        out[i] = grads[i].clone(memory_format=torch.contiguous_format)
-    _apply_ops(out, plans, [pl.pre for pl in plans], batch_elements, group)
+        if math.isfinite(plans[i].pre.c):
+            out[i] = grads[i].clone(memory_format=torch.contiguous_format)
+    tracked = [i for i in idx if plans[i].pre_state is not None]
+    fixed = [None if pl.pre_state is not None else pl.pre for pl in plans]
+    _apply_ops(out, plans, fixed, batch_elements, group)
+    if tracked:
+        _adaptive_pre_clip([out[i] for i in tracked], [plans[i] for i in tracked])
     return out
+
+
+def _adaptive_pre_clip(grads: list[Tensor], plans: list[ParamPlan]) -> None:
+    """The adaptive pre-clip of :func:`pre_clip`: clip in place (where ``c`` is finite) with
+    :func:`spectra.ops.soft_clip_with_norm`, one call per batch of same-shaped matrices with the
+    same operator, and update each running scale from the σ̂ read in one host read."""
+    batches: dict[tuple, list[int]] = {}
+    for j, (g, pl) in enumerate(zip(grads, plans, strict=True)):
+        key = (pl.pre, pl.shape, g.dtype, g.device)
+        batches.setdefault(key, []).append(j)
+    norms: list[Tensor] = []
+    order: list[int] = []
+    for (op, shape, _, _), js in batches.items():
+        mats = [grads[j].view(shape) for j in js]
+        # c = inf only measures: the scale of H_c for a huge c is σ̂ itself, the result is unused
+        c = op.c if math.isfinite(op.c) else MEASURE_C
+        Y, sigma = soft_clip_with_norm(torch.stack(mats), c, method=op.method, **op._iteration())
+        if math.isfinite(op.c):
+            torch._foreach_copy_(mats, list(Y.unbind(0)))
+        norms.append(sigma.reshape(-1).to(torch.float64))
+        order += js
+    values = torch.cat([n.cpu() for n in norms]).tolist()
+    for j, sigma in zip(order, values, strict=True):
+        pl = plans[j]
+        m = pl.pre_state["pre_clip_ema"]
+        pl.pre_state["pre_clip_ema"] = pl.pre_beta * m + (1.0 - pl.pre_beta) * min(sigma, pl.pre.c)
 
 
 def post_operator_(
@@ -339,9 +397,7 @@ def spectra_step(
         raise ValueError(
             f"spectra_step: {len(params)} params, {len(grads)} grads and {len(plans)} plans"
         )
-    mesh_group = next(
-        (pl.shard.device_mesh.get_group() for pl in plans if pl.shard is not None), None
-    )
+    shards = next((mesh_group(pl.shard.device_mesh) for pl in plans if pl.shard is not None), None)
     # Whole-tensor sizes, so that every rank of a sharded run cuts the same chunks.
     sizes = [
         (p if pl.shard is None else pl.shard).numel() for p, pl in zip(params, plans, strict=True)
@@ -356,8 +412,8 @@ def spectra_step(
         ps, pls = [params[i] for i in idx], [plans[i] for i in idx]
         updates = direction(idx, pre_clip([grads[i] for i in idx], pls, batch_elements, group))
         # Single process: the finite check is read with the post operators' own host read.
-        flag = finite_flag(updates) if group is None and mesh_group is None else None
-        if flag is None and not all_finite(updates, mesh_group):
+        flag = finite_flag(updates) if group is None and shards is None else None
+        if flag is None and not all_finite(updates, shards):
             return False
         if flag is not None and finite is not None:
             flag = flag & finite.to(flag.device)

@@ -19,7 +19,9 @@ Owners are computed from shapes alone, so every rank agrees without communicatin
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -79,18 +81,36 @@ def sparse_error(owner: str, p: Tensor) -> str:
     )
 
 
-def check_layout(p: Tensor) -> None:
-    """Refuse DTensor layouts the chain cannot assemble into whole matrices."""
-    from torch.distributed.tensor import Replicate, Shard
-
+def check_layout(p: Tensor, where: str = "a DTensor parameter") -> None:
+    """Refuse DTensor layouts the chain cannot clip: partial placements and meshes of more than
+    two dimensions (``where`` names the parameter in the message)."""
     mesh, placements = p.device_mesh, p.placements
-    ok = mesh.ndim == 1 and all(isinstance(pl, (Shard, Replicate)) for pl in placements)
+    ok = mesh.ndim <= 2 and all(_axis(pl) is not None or pl.is_replicate() for pl in placements)
     if not ok:
         raise ValueError(
-            f"a DTensor parameter of shape {tuple(p.shape)} with placements {placements} on a "
-            f"{mesh.ndim}-D mesh is not supported: spectra's optimizers take FSDP2 sharding "
-            "(Shard or Replicate on a 1-D mesh), not tensor parallelism or partial placements"
+            f"{where} of shape {tuple(p.shape)} with placements {placements} on a "
+            f"{mesh.ndim}-D mesh is not supported: spectra's optimizers take Shard and Replicate "
+            "placements on 1-D and 2-D meshes (FSDP2, tensor parallelism, FSDP x TP), not "
+            "partial placements or meshes of more dimensions"
         )
+
+
+def _axis(placement) -> int | None:
+    """The axis of the ``(d0, d1·d2·…)`` matrix view a Shard-type placement splits (0: rows,
+    1: columns), or ``None`` for Replicate and Partial."""
+    if placement.is_replicate() or placement.is_partial():
+        return None
+    dim = getattr(placement, "dim", None)  # Shard, and FSDP2's _StridedShard over TP
+    return None if dim is None else (0 if dim == 0 else 1)
+
+
+def mesh_group(mesh) -> dist.ProcessGroup:
+    """A process group of every rank of ``mesh``."""
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    if mesh.size() == dist.get_world_size():
+        return dist.group.WORLD
+    return mesh._flatten().get_group()
 
 
 def split_group(params: Sequence[Tensor], enabled: bool) -> dist.ProcessGroup | None:
@@ -149,25 +169,180 @@ def apply_replicated(
                     X.copy_(part.view(X.shape))
 
 
+@dataclass(frozen=True)
+class Route:
+    """How a sharded ``(m, n)`` matrix meets its operator.
+
+    ``gram``: the Gram route. The mesh dimensions in ``gather_dims`` split the short side;
+    they are gathered first (a part of the matrix, not all of it). The dimensions in
+    ``reduce_dims`` split the long side: each rank forms the ``s × s`` Gram matrix of its
+    columns (rows, if ``transposed``), and the sum over those dimensions is the whole matrix's.
+    Otherwise the whole matrix is gathered (the short side alone is split, or the matrix is
+    square enough that its Gram matrix moves as much).
+    ``volume``: elements moved per rank, the model the choice is made by (see
+    :func:`route_of`).
+    """
+
+    gram: bool
+    transposed: bool
+    reduce_dims: tuple[int, ...]
+    gather_dims: tuple[int, ...]
+    volume: float
+
+
+def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
+    r"""The cheaper route for the matrix ``shape`` of the DTensor ``p``, by elements moved per
+    rank: the Gram route moves ``3s²`` (the all-reduce of the Gram matrix, ``2s²``, and the
+    broadcast of its factor from the rank that computes it, ``s²``) plus the gather of the
+    short side, ``(m·n/R)(1 − 1/S)`` with ``R`` and ``S`` the sizes of the mesh dimensions
+    that split the long and the short side; the whole-matrix route ``2·m·n·(1 − 1/P)``
+    (gather, then scatter back) over the ``P`` ranks that split it."""
+    m, n = shape
+    transposed = m > n  # the long side is the rows
+    long_axis = 0 if transposed else 1
+    mesh = p.device_mesh
+    reduce_dims, gather_dims = [], []
+    for d, pl in enumerate(p.placements):
+        axis = _axis(pl)
+        if axis is not None:
+            (reduce_dims if axis == long_axis else gather_dims).append(d)
+    size = mesh.shape
+    R = math.prod(size[d] for d in reduce_dims)
+    S = math.prod(size[d] for d in gather_dims)
+    s = min(m, n)
+    whole = 2.0 * m * n * (1.0 - 1.0 / (R * S))
+    gram = 3.0 * s * s + (m * n / R) * (1.0 - 1.0 / S)
+    use = bool(reduce_dims) and gram < whole
+    return Route(use, transposed, tuple(reduce_dims), tuple(gather_dims), gram if use else whole)
+
+
 def apply_sharded(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int]]]) -> None:
     """``U ← op(U)`` for matrices held as shards: ``(op, local shard of U, DTensor parameter,
-    (m, n))``. The full matrix is assembled for the operator only, on one matrix at a time."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    (m, n))``, each by its :func:`route_of`."""
+    gram, whole = [], []
+    for item in items:
+        check_layout(item[2])
+        route = route_of(item[2], item[3])
+        (gram if route.gram else whole).append((*item, route))
+    if gram:
+        apply_gram(gram)
+    if whole:
+        apply_whole(whole)
 
-    if not items:
-        return
+
+def _redistribute(u: Tensor, p: Tensor, source, target) -> Tensor:
+    """The local part, under the placements ``target``, of the tensor of ``p``'s mesh and
+    shape whose local part under ``source`` is ``u``."""
+    from torch.distributed.tensor import DTensor
+
+    mesh = p.device_mesh
+    d = DTensor.from_local(u, mesh, source, shape=p.shape, stride=p.stride())
+    return d.redistribute(mesh, target).to_local()
+
+
+def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]]) -> None:
+    r"""The Gram route (see :mod:`spectra.ops.gram`): for each matrix, the short side gathered
+    where it is split, the local ``G_r = U_r U_rᵀ`` (float64) summed over the long side's mesh
+    dimensions (one all-reduce per set of dimensions, all matrices in one buffer), ``K`` from
+    the sum by one rank per matrix (balanced by ``s³``) and broadcast, and ``U_r ← K U_r``
+    locally. No rank holds more of a matrix than its share of the long side."""
+    from torch.distributed.tensor import Replicate
+
     mesh = items[0][2].device_mesh
-    rank, world = mesh.get_local_rank(), mesh.size()
-    owners = assign_owners([shape for *_, shape in items], world)
-    for (op, u, p, shape), owner in zip(items, owners, strict=True):
-        check_layout(p)
-        full = DTensor.from_local(
-            u, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
-        ).full_tensor()
+    parts, views = [], []
+    for _, u, p, _, route in items:
+        placements = list(p.placements)
+        if route.gather_dims:  # the short side whole, the long side still split
+            placements = [Replicate() if d in route.gather_dims else pl
+                          for d, pl in enumerate(placements)]  # fmt: skip
+            part = _redistribute(u, p, p.placements, placements)
+        else:
+            part = u
+        parts.append((part, placements))
+        matrix = part.reshape(part.shape[0], math.prod(part.shape[1:]))
+        views.append(matrix.mT if route.transposed else matrix)
+    grams = [_local_gram(X) for X in views]
+    by_dims: dict[tuple[int, ...], list[int]] = {}
+    for i, (*_, route) in enumerate(items):
+        by_dims.setdefault(route.reduce_dims, []).append(i)
+    for dims, idx in by_dims.items():
+        flat = torch.cat([grams[i].reshape(-1) for i in idx])
+        for d in dims:
+            dist.all_reduce(flat, group=mesh.get_group(d))
+        for i, g in zip(idx, flat.split([grams[i].numel() for i in idx]), strict=True):
+            grams[i] = g.view(grams[i].shape)
+    factors = _factors_by_owner([op for op, *_ in items], grams, mesh_group(mesh))
+    for (_, u, p, _, route), X, K, (part, placements) in zip(
+        items, views, factors, parts, strict=True
+    ):
+        cd = torch.float64 if X.dtype == torch.float64 else torch.float32
+        Y = (K.to(cd) @ X.to(cd)).to(X.dtype)
+        Y = (Y.mT if route.transposed else Y).reshape(part.shape)
+        if route.gather_dims:
+            Y = _redistribute(Y.contiguous(), p, placements, p.placements)
+        u.copy_(Y)
+
+
+def _local_gram(X: Tensor) -> Tensor:
+    """``X Xᵀ`` in float64 (zeros for an empty shard)."""
+    X64 = X.to(torch.float64)
+    return X64 @ X64.mT
+
+
+def _factors_by_owner(ops: Sequence[Op], grams: list[Tensor], group) -> list[Tensor]:
+    """``op.gram_factor(G)`` for each Gram matrix, computed by its owner rank in ``group``
+    (every rank holds every ``G``) and broadcast to the others, float64, one buffer per
+    owner."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    owners = assign_owners([tuple(G.shape) for G in grams], world)
+    factors = [
+        op.gram_factor(G).to(torch.float64) if o == rank else G
+        for op, G, o in zip(ops, grams, owners, strict=True)
+    ]
+    for r in range(world):
+        mine = [i for i, o in enumerate(owners) if o == r]
+        if not mine:
+            continue
+        if rank == r:
+            flat = torch.cat([factors[i].reshape(-1) for i in mine])
+        else:
+            flat = grams[mine[0]].new_empty(sum(grams[i].numel() for i in mine))
+        dist.broadcast(flat, src=dist.get_global_rank(group, r), group=group)
+        if rank != r:
+            for i, part in zip(mine, flat.split([grams[i].numel() for i in mine]), strict=True):
+                factors[i] = part.view(grams[i].shape)
+    return factors
+
+
+def assemble(u: Tensor, p: Tensor) -> Tensor:
+    """The whole tensor of which ``u`` is ``p``'s local part (an all-gather over its mesh)."""
+    from torch.distributed.tensor import Replicate
+
+    return _redistribute(u, p, p.placements, [Replicate()] * p.device_mesh.ndim)
+
+
+def apply_whole(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]]) -> None:
+    """The whole-matrix route, one matrix at a time: the matrix assembled (:func:`assemble`),
+    ``op`` applied by its owner rank (balanced by ``m·n·min(m, n)``), and the result scattered
+    back as shards (on a 1-D mesh; on a 2-D mesh it is broadcast and each rank keeps its
+    part)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = items[0][2].device_mesh
+    group = mesh_group(mesh)
+    rank = dist.get_rank(group)
+    owners = assign_owners([shape for *_, shape, _ in items], mesh.size())
+    for (op, u, p, shape, _), owner in zip(items, owners, strict=True):
+        full = assemble(u, p)
         if rank == owner:
             full = op(full.reshape(1, *shape)).reshape(p.shape)
-        # src_data_rank is the rank within the mesh's dimension, which the owner indexes.
-        out = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=owner)
+        if mesh.ndim == 1:
+            # src_data_rank is the rank within the mesh's dimension, which the owner indexes.
+            out = distribute_tensor(full, mesh, p.placements, src_data_rank=owner)
+        else:
+            full = full.contiguous()
+            dist.broadcast(full, src=dist.get_global_rank(group, owner), group=group)
+            out = distribute_tensor(full, mesh, p.placements, src_data_rank=None)
         u.copy_(out.to_local())
 
 
@@ -175,20 +350,28 @@ def frobenius_norms(tensors: Sequence[Tensor], params: Sequence[Tensor]) -> list
     """‖t‖_F of each tensor, where ``tensors[i]`` is the local shard of ``params[i]`` when that
     is a ``DTensor``: the shards' squared norms are summed over its mesh."""
     norms = list(torch._foreach_norm(list(tensors)))
-    sharded = [i for i, p in enumerate(params) if is_sharded(p)]
-    if sharded:
-        sq = torch.stack([norms[i].square() for i in sharded])
-        dist.all_reduce(sq, group=params[sharded[0]].device_mesh.get_group())
-        for j, i in enumerate(sharded):
+    # the shards' squares are summed over the mesh dimensions that split each tensor
+    by_dims: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        if is_sharded(p):
+            dims = tuple(d for d, pl in enumerate(p.placements) if _axis(pl) is not None)
+            if dims:
+                by_dims.setdefault((id(p.device_mesh), dims), []).append(i)
+    for (_, dims), idx in by_dims.items():
+        sq = torch.stack([norms[i].square() for i in idx])
+        for d in dims:
+            dist.all_reduce(sq, group=params[idx[0]].device_mesh.get_group(d))
+        for j, i in enumerate(idx):
             norms[i] = sq[j].sqrt()
     return norms
 
 
 def shard_group(tensors: Sequence[Tensor]) -> dist.ProcessGroup | None:
-    """The process group of the first ``DTensor``'s mesh, or ``None`` if there is none."""
+    """The process group of every rank of the first ``DTensor``'s mesh, or ``None`` if there
+    is none."""
     for t in tensors:
         if t is not None and is_sharded(t):
-            return t.device_mesh.get_group()
+            return mesh_group(t.device_mesh)
     return None
 
 

@@ -14,11 +14,28 @@ key                   default      meaning
                                    ``"orthogonalize"`` (ignores c)
 ``pre_clip_c``        ``None``     threshold of the soft pre-clip of raw gradients
 ``pre_clip_schedule`` ``None``     its ``step → factor`` schedule
+``pre_clip_kappa``    ``None``     κ of the adaptive pre-clip, ``c_k = κ·factor(k)·m̂_k`` per
+                                   matrix (instead of ``pre_clip_c``; see below)
+``pre_clip_beta``     ``0.99``     β of its running scale ``m̂_k``
 ``clip_ns_steps``     ``None``     iterations of an iterative ``clip_method`` (``"paper"``:
                                    the paper's N_s); ``None``: the operator's default
 ``clip_ns_dtype``     ``None``     its working precision (``torch.bfloat16``, ``float32``,
                                    ``float64`` or their names); ``None``: the operator's
 ===================== ============ ==========================================================
+
+**Adaptive pre-clipping** follows each matrix's own spectral scale (the layer-wise, adaptive
+thresholds that "Enhancing LLM Training via Spectral Clipping" leaves as future work): with
+``σ̂_j`` the spectral scale of the raw gradient at step j, read off the Gram matrix the clip
+forms (:func:`spectra.ops.soft_clip_with_norm`: σ_max for ``eigh``, a bound within
+``rank^{1/4}`` of it for ``polar`` and ``mixed``),
+
+    c_k = κ · factor(k) · m_{k−1} / (1 − β^{k−1}),
+    m_k = β · m_{k−1} + (1 − β) · min(σ̂_k, c_k),      m_0 = 0,
+
+for the k-th step (1-based) of the matrix. The first step measures σ̂_1 without clipping.
+Feeding the running scale the clipped ``min(σ̂_k, c_k)`` keeps one spike from raising the
+thresholds after it; a scale that grows for good is followed at up to ``(1 − β)(κ − 1)`` of
+itself per step. ``m_k`` is kept per parameter as ``state["pre_clip_ema"]``.
 """
 
 from __future__ import annotations
@@ -53,6 +70,8 @@ SPECTRA_DEFAULTS: dict[str, Any] = {
     "post": "soft_clip",
     "pre_clip_c": None,
     "pre_clip_schedule": None,
+    "pre_clip_kappa": None,
+    "pre_clip_beta": 0.99,
     "clip_ns_steps": None,
     "clip_ns_dtype": None,
 }
@@ -69,6 +88,13 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the first bad SPECTRA setting of ``group``."""
     check_number("clip_c", group["clip_c"], low=0.0, low_open=True, none_ok=True)
     check_number("pre_clip_c", group["pre_clip_c"], low=0.0, low_open=True, none_ok=True)
+    check_number("pre_clip_kappa", group["pre_clip_kappa"], low=0.0, low_open=True, none_ok=True)
+    check_number("pre_clip_beta", group["pre_clip_beta"], low=0.0, high=1.0, high_open=True)
+    if group["pre_clip_c"] is not None and group["pre_clip_kappa"] is not None:
+        raise ValueError(
+            f"pre_clip_c={group['pre_clip_c']!r} and pre_clip_kappa={group['pre_clip_kappa']!r}: "
+            "give one (a fixed pre-clip threshold, or κ of the adaptive one)"
+        )
     if group["clip_scale"] != "auto":
         check_number("clip_scale ('auto' or a number)", group["clip_scale"], low=0.0, low_open=True)
     check_choice("post", group["post"], POST_KINDS)
@@ -88,7 +114,7 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
     iteration = group["clip_ns_steps"] is not None or group["clip_ns_dtype"] is not None
     if iteration and group["post"] == "hard_clip":
         raise ValueError("clip_ns_steps and clip_ns_dtype apply to soft_clip and orthogonalize")
-    kinds = {group["post"]} | ({"soft_clip"} if group["pre_clip_c"] is not None else set())
+    kinds = {group["post"]} | ({"soft_clip"} if pre_clips(group) else set())
     for kind in kinds:
         # Asking the operator keeps this check in step with the methods spectra.ops offers.
         try:
@@ -113,6 +139,18 @@ def threshold(c: float | None, schedule: Any, step: int) -> float | None:
     return c * (1.0 if schedule is None else float(schedule(step)))
 
 
+def pre_clips(group: dict[str, Any]) -> bool:
+    """Whether the group pre-clips its matrices' gradients (fixed or adaptive threshold)."""
+    return group["pre_clip_c"] is not None or group["pre_clip_kappa"] is not None
+
+
+def adaptive_pre(group: dict[str, Any], p: Tensor) -> bool:
+    """Whether ``p`` of ``group`` has an adaptive pre-clip (and so a ``pre_clip_ema`` state)."""
+    return group["pre_clip_kappa"] is not None and (
+        matrix_shape(p, group["clip_params"] == "all") is not None
+    )
+
+
 def group_clips(group: dict[str, Any]) -> bool:
     """Whether the group's post operator is on (``orthogonalize``, or a clip with a c)."""
     return group["post"] == "orthogonalize" or group["clip_c"] is not None
@@ -125,11 +163,13 @@ def plan(
     *,
     lr_scale: float = 1.0,
     weight_decay: float | None = None,
+    state: dict[str, Any] | None = None,
 ) -> ParamPlan:
     """The chain's links for parameter ``p`` of ``group`` at its 0-based ``step``.
 
     ``lr_scale`` and ``weight_decay`` override the group's for this parameter (MARS's 1-D
-    rule uses them).
+    rule uses them). ``state`` is ``p``'s optimizer state, which an adaptive pre-clip reads
+    its running scale from (and its link updates).
     """
     shape = matrix_shape(p, group["clip_params"] == "all")
     lr = float(group["lr"]) * lr_scale
@@ -139,17 +179,35 @@ def plan(
     shard = p if is_sharded(p) else None
     pre = None
     c_pre = threshold(group["pre_clip_c"], group["pre_clip_schedule"], step)
-    if c_pre is not None and math.isfinite(c_pre):
+    tracked = None
+    if group["pre_clip_kappa"] is not None:
+        # (an observer may plan a parameter with no state yet: it has not been measured)
+        tracked = state if state is not None and "pre_clip_ema" in state else None
+        m = 0.0 if tracked is None else tracked["pre_clip_ema"]
+        scale = running_scale(m, group["pre_clip_beta"], step)
+        # c = inf (the first step, or a zero scale so far): the link measures, clips nothing
+        c_pre = math.inf
+        if scale > 0:
+            c_pre = threshold(group["pre_clip_kappa"] * scale, group["pre_clip_schedule"], step)
+        if tracked is not None or math.isfinite(c_pre):
+            pre = op_of(group, "soft_clip", c_pre)
+    elif c_pre is not None and math.isfinite(c_pre):
         pre = op_of(group, "soft_clip", c_pre)
+    track = {"pre_state": tracked, "pre_beta": float(group["pre_clip_beta"])}
     if not group_clips(group):
-        return ParamPlan(lr, wd, shape, pre, shard=shard)
+        return ParamPlan(lr, wd, shape, pre, shard=shard, **track)
     scale = group["clip_scale"]
     scale = default_scale(shape) if scale == "auto" else float(scale)
     c = threshold(group["clip_c"], group["clip_schedule"], step)
     post = None
     if group["post"] == "orthogonalize" or math.isfinite(c):
         post = op_of(group, group["post"], None if group["post"] == "orthogonalize" else c)
-    return ParamPlan(lr, wd, shape, pre, post, scale, shard)
+    return ParamPlan(lr, wd, shape, pre, post, scale, shard, **track)
+
+
+def running_scale(m: float, beta: float, updates: int) -> float:
+    """The adaptive pre-clip's bias-corrected scale ``m / (1 − β^updates)`` (0 before any)."""
+    return 0.0 if updates == 0 else float(m) / (1.0 - beta**updates)
 
 
 def clip_threshold(

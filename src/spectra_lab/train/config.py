@@ -123,6 +123,8 @@ class TrainConfig:
     pre_clip_c: float | None = None
     pre_clip_schedule: str = "constant"
     pre_clip_c_final: float | None = None  # cosine pre-clip schedule end value
+    pre_clip_kappa: float | None = None  # adaptive pre-clip: c_k = κ·EMA(σ̂_max) per matrix
+    pre_clip_beta: float = 0.99  # its EMA factor
 
     # evaluation, logging, checkpoints
     eval_interval: int = 50
@@ -219,6 +221,11 @@ class TrainConfig:
                 "is empty: the monitor would watch nothing",
             ),
             (
+                "pre_clip_kappa",
+                self.pre_clip_kappa is not None and self.pre_clip_c is not None,
+                f"cannot be combined with pre_clip_c = {self.pre_clip_c!r} (give one)",
+            ),
+            (
                 "pre_clip_c_final",
                 self.pre_clip_c_final is not None
                 and (self.pre_clip_c is None or self.pre_clip_c_final > self.pre_clip_c),
@@ -312,6 +319,8 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "pre_clip_c": _positive_or_off,
     "pre_clip_schedule": partial(check_choice, choices=PRE_CLIP_SCHEDULES),
     "pre_clip_c_final": _positive_or_off,
+    "pre_clip_kappa": _positive_or_off,
+    "pre_clip_beta": partial(check_number, low=0.0, high=1.0, high_open=True),
     "eval_interval": _positive_int,
     "eval_batches": _count,
     "eval_batch_size": partial(check_int, low=1, none_ok=True),

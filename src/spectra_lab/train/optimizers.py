@@ -39,7 +39,7 @@ DECAY_GROUPS = ("hidden", "attn")
 #: keywords that have a config field of the same name, which sets them
 CONFIG_KEYWORDS = (
     "lr", "weight_decay", "clip_c", "clip_scale", "clip_schedule", "pre_clip_c",
-    "pre_clip_schedule",
+    "pre_clip_schedule", "pre_clip_kappa", "pre_clip_beta",
 )  # fmt: skip
 #: per-group SPECTRA settings without a config field; spectra's optimizers take them
 SPECTRA_KEYWORDS = ("clip_method", "clip_params", "post", "clip_ns_steps", "clip_ns_dtype")
@@ -148,18 +148,24 @@ def spectral_groups(
     scale ``clip_scale``, the threshold schedule, the pre-clipping settings and ``post``
     when given; the optimizer computes the per-step thresholds ``c_k`` itself. Without
     ``clip`` (the plain base optimizers) they get the pre-clipping settings only, so that
-    ``pre_clip_c`` gives the paper's "X with pre-clipping" variant. Every other group gets
+    ``pre_clip_c`` (or ``pre_clip_kappa``) gives the paper's "X with pre-clipping" variant.
+    Every other group gets
     neither.
     """
     off = {"clip_c": None, "pre_clip_c": None}
-    on = {**off, "pre_clip_c": cfg.pre_clip_c, "pre_clip_schedule": pre_clip_schedule(cfg)}
+    pre = {
+        "pre_clip_c": cfg.pre_clip_c,
+        "pre_clip_schedule": pre_clip_schedule(cfg),
+        "pre_clip_kappa": cfg.pre_clip_kappa,
+        "pre_clip_beta": cfg.pre_clip_beta,
+    }
+    on = {**off, **pre}
     if clip:
         on = {
             "clip_c": cfg.clip_c,
             "clip_scale": cfg.clip_scale,
             "clip_schedule": clip_schedule(cfg, lr_lambda),
-            "pre_clip_c": cfg.pre_clip_c,
-            "pre_clip_schedule": pre_clip_schedule(cfg),
+            **pre,
             **({"post": post} if post is not None else {}),
         }
     return [
@@ -227,11 +233,13 @@ def check_optimizer(cfg: TrainConfig) -> Recipe:
         hint = did_you_mean(cfg.optimizer, OPTIMIZERS)
         raise ConfigError(f"config field 'optimizer' = {cfg.optimizer!r}: {exc}{hint}") from None
     recipe = OPTIMIZERS[cfg.optimizer]
-    if cfg.pre_clip_c is not None and recipe.groups in (plain_groups, muon_groups):
-        raise ConfigError(
-            f"config field 'pre_clip_c' = {cfg.pre_clip_c!r}: {cfg.optimizer} does not pre-clip "
-            "(pre-clipping is part of spectra's AdamW, Signum, AdEMAMix, MARS and SGDM recipes)"
-        )
+    for key in ("pre_clip_c", "pre_clip_kappa"):
+        if getattr(cfg, key) is not None and recipe.groups in (plain_groups, muon_groups):
+            raise ConfigError(
+                f"config field '{key}' = {getattr(cfg, key)!r}: {cfg.optimizer} does not "
+                "pre-clip (pre-clipping is part of spectra's AdamW, Signum, AdEMAMix, MARS and "
+                "SGDM recipes)"
+            )
     takes = recipe.keywords()
     for key in cfg.optimizer_kwargs:
         if key in CONFIG_KEYWORDS:

@@ -1,0 +1,222 @@
+"""Spectral clipping of sharded matrices without gathering them (the Gram route), on gloo.
+
+FSDP2 (``fully_shard``, ``Shard(0)``), tensor parallelism (``ColwiseParallel`` and
+``RowwiseParallel``) and a 2-D mesh (FSDP on one dimension, TP on the other), with 2 and 4
+processes, against one process on the same global batch. Every rank records the matrices it
+assembles whole: none of them may be one the Gram route takes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import spectra.optim as so
+from spectra.optim import distributed as spectra_dist
+
+OPTIMIZERS = {
+    "AdamW": lambda ps: so.AdamW(ps, lr=1e-2, clip_c=0.3),
+    "Signum": lambda ps: so.Signum(ps, lr=1e-2, clip_c=0.3),
+    "AdamW pre-clip": lambda ps: so.AdamW(ps, lr=1e-2, clip_c=0.3, pre_clip_c=2.0),
+    "AdamW hard": lambda ps: so.AdamW(ps, lr=1e-2, clip_c=0.3, post="hard_clip"),
+    # SGD-M: AdamW's first direction here has a singular value of 1e-9·σ_max, which the SVD
+    # orthogonalizes to 1 and the Gram route (resolving σ down to 1.5e-8·σ_max) to 0
+    "SGDM orth": lambda ps: so.SGDM(ps, lr=1e-2, post="orthogonalize"),
+    "SGDM orth muon": lambda ps: so.SGDM(
+        ps, lr=1e-2, post="orthogonalize", clip_method="muon", clip_ns_dtype="float64"
+    ),
+    "MARS": lambda ps: so.MARS(ps, lr=1e-2, clip_c=0.3),
+    "Spectra(torch AdamW)": lambda ps: so.Spectra(
+        torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), clip_c=0.3
+    ),
+    "DMuon": lambda ps: so.DMuon(ps, lr=1e-2, ns_dtype="float64"),
+}
+STEPS = 3
+
+
+class Net(nn.Module):
+    """Matrices tall and wide. Under FSDP2 their rows are uneven over 2 and 4 ranks (``A, C =
+    21, 17``), and f's 3 rows leave a rank of 4 an empty shard; tensor parallelism's layers need
+    sizes its ranks divide (``A, C = 20, 16``)."""
+
+    def __init__(self, A: int = 21, C: int = 17) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, A, bias=True, dtype=torch.float64)  # tall: rows are long
+        self.b = nn.Linear(A, 5, bias=False, dtype=torch.float64)  # wide: columns are long
+        self.c = nn.Linear(5, C, bias=False, dtype=torch.float64)  # tall
+        self.d = nn.Linear(C, 3, bias=False, dtype=torch.float64)  # wide
+        self.e = nn.Linear(3, 1, bias=False, dtype=torch.float64)  # wide, one row
+        self.f = nn.Linear(1, 3, bias=False, dtype=torch.float64)  # tall, three rows
+
+    def forward(self, x):
+        h = torch.tanh(self.b(torch.tanh(self.a(x))))
+        h = torch.tanh(self.d(torch.tanh(self.c(h))))
+        return self.f(torch.tanh(self.e(h)))
+
+
+def _parallelize(net: Net, layout: str, world: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    tp_plan = {"a": ColwiseParallel(), "b": RowwiseParallel(),
+               "c": ColwiseParallel(), "d": RowwiseParallel()}  # fmt: skip
+    if layout == "fsdp2":
+        mesh = init_device_mesh("cpu", (world,))
+        for m in (net.a, net.b, net.c, net.d, net.e, net.f):
+            fully_shard(m, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+    elif layout == "tp":
+        parallelize_module(net, init_device_mesh("cpu", (world,)), tp_plan)
+    else:  # 2d: FSDP over "dp", TP over "tp"
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(net, mesh["tp"], tp_plan)
+        for m in (net.a, net.b, net.c, net.d, net.e, net.f):
+            fully_shard(m, mesh=mesh["dp"])
+        fully_shard(net, mesh=mesh["dp"])
+
+
+def _run(
+    name: str, layout: str | None, world: int = 1, gram: set | None = None
+) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    net = Net() if layout in (None, "fsdp2") else Net(20, 16)
+    if layout not in (None, "plain"):
+        _parallelize(net, layout, world)
+    for p in net.parameters():
+        if gram is not None and p.dim() == 2 and spectra_dist.is_sharded(p):
+            if spectra_dist.route_of(p, tuple(p.shape)).gram:
+                gram.add(tuple(p.shape))
+    opt = OPTIMIZERS[name](list(net.parameters()))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        x = torch.randn(16, 6, generator=g, dtype=torch.float64)  # the same on every rank
+        loss = 1e3 * net(x).square().mean()  # large gradients: the clips act
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    out = {}
+    for key, value in net.state_dict().items():
+        out[key] = value.full_tensor() if hasattr(value, "full_tensor") else value
+    return {k: v.detach().clone() for k, v in out.items()}
+
+
+def _worker(rank: int, tmp: str, world: int, layout: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world)
+    assembled: list[tuple[int, ...]] = []
+    real = spectra_dist.assemble
+
+    def recording(u, p):
+        assembled.append(tuple(p.shape))
+        return real(u, p)
+
+    spectra_dist.assemble = recording
+    try:
+        gram: set[tuple[int, ...]] = set()
+        out = {name: _run(name, layout, world, gram) for name in OPTIMIZERS}
+        torch.save(
+            {"params": out, "assembled": assembled, "gram": gram}, Path(tmp) / f"{layout}_{rank}.pt"
+        )
+        dist.barrier()
+    finally:
+        spectra_dist.assemble = real
+        dist.destroy_process_group()
+
+
+#: matrices the Gram route must take (by the volume model of route_of): FSDP2 splits rows, so
+#: the tall ones; TP splits a's and c's rows (colwise) and b's and d's columns (rowwise), their
+#: long sides; the 2-D mesh adds FSDP's rows to both
+GRAM = {
+    ("fsdp2", 2): {(21, 6), (17, 5)},
+    ("fsdp2", 4): {(21, 6), (17, 5), (3, 1)},
+    ("tp", 2): {(20, 6), (5, 20), (16, 5), (3, 16)},
+    ("tp", 4): {(20, 6), (5, 20), (16, 5), (3, 16)},
+    ("2d", 4): {(20, 6), (5, 20), (16, 5), (3, 16)},
+}
+
+
+@pytest.mark.parametrize(
+    ("layout", "world"), [("fsdp2", 2), ("fsdp2", 4), ("tp", 2), ("tp", 4), ("2d", 4)]
+)
+def test_sharded_layouts_equal_one_process_without_gathering_gram_route_matrices(
+    tmp_path, layout, world
+):
+    mp.spawn(_worker, args=(str(tmp_path), world, layout), nprocs=world, join=True)
+    reference = {name: _run(name, None if layout == "fsdp2" else "plain") for name in OPTIMIZERS}
+    for r in range(world):
+        got = torch.load(tmp_path / f"{layout}_{r}.pt")
+        for name, ref in reference.items():
+            for key, value in ref.items():
+                torch.testing.assert_close(
+                    got["params"][name][key],
+                    value,
+                    rtol=1e-5,
+                    atol=1e-8,
+                    msg=lambda m, k=key, n=name: f"{n} {k}: {m}",
+                )
+        # no rank assembled a matrix the Gram route took
+        assert GRAM[layout, world] <= got["gram"]
+        assert not set(got["assembled"]) & got["gram"], (got["assembled"], got["gram"])
+
+
+def test_route_is_chosen_by_volume():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        tall = distribute_tensor(torch.zeros(64, 8), mesh, [Shard(0)])
+        wide = distribute_tensor(torch.zeros(8, 64), mesh, [Shard(0)])
+        # one rank: nothing is split, the whole-matrix route moves nothing
+        assert not spectra_dist.route_of(tall, (64, 8)).gram
+        assert spectra_dist.route_of(distribute_tensor(torch.zeros(8, 8), mesh, [Replicate()]),
+                                     (8, 8)).volume == 0  # fmt: skip
+        assert not spectra_dist.route_of(wide, (8, 64)).gram
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("shape", "placements", "sizes", "gram"),
+    [
+        ((50304, 768), ["S0"], (8,), True),  # the 124M head, rows split: Gram 768²
+        ((768, 3072), ["S0"], (8,), False),  # a wide matrix split along its short side
+        ((768, 768), ["S0"], (8,), False),  # square: its Gram matrix moves as much
+        ((3072, 768), ["S0", "S0"], (8, 8), True),
+        ((768, 3072), ["S0", "S1"], (8, 8), True),  # FSDP rows × TP columns
+    ],
+)
+def test_volume_model(shape, placements, sizes, gram):
+    """The model of route_of on stand-ins for DTensors of large meshes (no process needed)."""
+    from torch.distributed.tensor import Shard
+
+    class Mesh:
+        shape = sizes
+
+    class Stub:
+        device_mesh = Mesh()
+
+    Stub.placements = [Shard(int(p[1])) for p in placements]
+    route = spectra_dist.route_of(Stub(), shape)
+    assert route.gram == gram
+    m, n = shape
+    total = 1
+    for s in sizes:
+        total *= s
+    if not gram:
+        assert route.volume == pytest.approx(2 * m * n * (1 - 1 / total))
+
+
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
