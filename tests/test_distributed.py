@@ -35,7 +35,9 @@ OPTIMIZERS = {
 }
 #: The baselines have their own steps (no SPECTRA chain); under FSDP2 they see whole matrices.
 BASELINES = {
-    "DMuon": lambda ps: so.DMuon(ps, lr=1e-2),
+    # float64 Newton–Schulz: its Gram-route form equals the iteration on the whole matrix to
+    # rounding (in bf16 the whole-matrix iteration's own rounding is 10–20%)
+    "DMuon": lambda ps: so.DMuon(ps, lr=1e-2, ns_dtype="float64"),
     "SOAP": lambda ps: so.SOAP(ps, lr=1e-2, precondition_frequency=2),
 }
 SPECTRA_KW = {"clip_c": 0.3, "pre_clip_c": 2.0}
@@ -213,7 +215,13 @@ def test_fsdp2_sharded_parameters_equal_the_unsharded_run(tmp_path):
         for name in [*OPTIMIZERS, *BASELINES]:
             ref = _net_run(name, sharded=False)
             for key, value in ref.items():
-                torch.testing.assert_close(got[name][key], value, rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(
+                    got[name][key],
+                    value,
+                    rtol=1e-10,
+                    atol=1e-12,
+                    msg=lambda m, n=name, k=key: f"{n} {k}: {m}",
+                )
 
 
 @pytest.fixture(autouse=True)
@@ -261,6 +269,12 @@ def test_bench_dist_times_split_and_unsplit_steps_and_models_the_volume(tmp_path
             "1",
             "--volume",
             "tiny",
+            "--traffic-procs",
+            "4",
+            "--model-presets",
+            "124m",
+            "--ranks",
+            "8",
             "--json",
             str(out),
         ]
@@ -269,7 +283,19 @@ def test_bench_dist_times_split_and_unsplit_steps_and_models_the_volume(tmp_path
     report = json.loads(out.read_text())
     assert [r["procs"] for r in report["timing"]] == [1, 2]
     assert all(r["split"] > 0 and r["unsplit"] > 0 for r in report["timing"])
-    assert "split (s)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "split (s)" in printed and "MiB received per rank" in printed
+    # the counted bytes are what the routes' model says, layout by layout (the model leaves
+    # out the step's two finite checks: an all-reduce of one float32 each, 6 bytes a rank)
+    layouts = {r["layout"]: r for r in report["traffic"]}
+    assert set(layouts) == set(bench.LAYOUTS)
+    for r in layouts.values():
+        assert sum(r["received"]) / 4 == pytest.approx(r["model"], abs=16)
+    # the Gram route moves less than the gather of whole matrices under FSDP2
+    assert layouts["fsdp2-gram"]["model"] < layouts["fsdp2-whole"]["model"]
+    assert layouts["fsdp2-gram"]["calls"].get("reduce_", 0) > 0
+    (row,) = report["traffic_model"]
+    assert row["preset"] == "124m" and row["fsdp2-gram"] < row["fsdp2-whole"]
 
 
 def test_unsupported_dtensor_layouts_are_refused_by_name():

@@ -14,6 +14,8 @@ import re
 import statistics
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data"
 
@@ -114,6 +116,31 @@ def test_distributed_tables_are_the_stored_bench_dist_run():
         cells = [v["ddp_allreduce"], v["ddp_split"], v["fsdp2_own"], v["fsdp2_spectral"]]
         row = f"| {v['preset']} | {v['n']} | " + " | ".join(f"{c / mib:.0f} MiB" for c in cells)
         assert row in doc, row
+
+
+def test_traffic_tables_are_the_stored_bench_dist_run():
+    stored = data("docs/data/bench_dist_traffic.json")
+    doc = text("docs/distributed.md")
+    mib = 1 << 20
+    layouts = ["ddp", "fsdp2-whole", "fsdp2-gram", "tp", "2d"]
+    for n in sorted({r["procs"] for r in stored["traffic"]}):
+        cells = []
+        for layout in layouts:
+            rows = [r for r in stored["traffic"] if r["procs"] == n and r["layout"] == layout]
+            if not rows:
+                cells.append("–")
+                continue
+            r = rows[0]
+            got = sum(r["received"]) / len(r["received"])
+            # counted and modelled agree to the finite checks' few bytes
+            assert got == pytest.approx(r["model"], abs=16)
+            cells.append(f"{got / mib:.3f} ({r['model'] / mib:.3f})")
+        row = f"| {n} | " + " | ".join(cells) + " |"
+        assert row in doc, row
+    for r in stored["traffic_model"]:
+        row = f"| {r['preset']} | {r['n']} | " + " | ".join(f"{r[x] / mib:.0f}" for x in layouts)
+        assert row + " |" in doc, row
+        assert r["fsdp2-gram"] < r["fsdp2-whole"]
 
 
 # --------------------------------------------------------------------------- diagnostics

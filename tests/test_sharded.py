@@ -207,6 +207,7 @@ def test_volume_model(shape, placements, sizes, gram):
 
     class Stub:
         device_mesh = Mesh()
+        dtype = torch.float32
 
     Stub.placements = [Shard(int(p[1])) for p in placements]
     route = spectra_dist.route_of(Stub(), shape)
@@ -216,7 +217,77 @@ def test_volume_model(shape, placements, sizes, gram):
     for s in sizes:
         total *= s
     if not gram:
-        assert route.volume == pytest.approx(2 * m * n * (1 - 1 / total))
+        # bytes received per rank: the all-gather and the owner's scatter (1-D meshes here)
+        assert route.volume == pytest.approx((1 - 1 / total) * m * n * 4 * (1 + 1 / total))
 
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+# --------------------------------------------------------------------------- both routes, 2-D
+
+
+#: (shape, placements on a 2×2 mesh): square and oblong, even and uneven, FSDP × TP-like
+MATRICES = [
+    ((6, 6), "S0 S1"),
+    ((7, 5), "S0 S0"),
+    ((5, 9), "S0 S1"),
+    ((9, 4), "S1 S0"),
+    ((3, 11), "R S1"),
+    ((11, 3), "S0 R"),
+]
+
+
+def _placements(spec: str) -> list:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Replicate() if s == "R" else Shard(int(s[1])) for s in spec.split()]
+
+
+def _routes_worker(rank: int, tmp: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    from spectra.optim.chain import SpectralOp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2))
+        ops = [SpectralOp("soft_clip", 0.7), SpectralOp("hard_clip", 0.7),
+               SpectralOp("orthogonalize", None)]  # fmt: skip
+        out = {}
+        for gram in (True, False):
+            spectra_dist.GRAM_ROUTE = gram
+            g = torch.Generator().manual_seed(3)
+            for shape, spec in MATRICES:
+                full = torch.randn(shape, generator=g, dtype=torch.float64)
+                p = distribute_tensor(full, mesh, _placements(spec))
+                for op in ops:
+                    u = p.to_local().clone()
+                    spectra_dist.apply_sharded([(op, u, p, shape)])
+                    out[gram, shape, op.kind] = spectra_dist.assemble(u, p)
+        torch.save(out, Path(tmp) / f"routes_{rank}.pt")
+        dist.barrier()
+    finally:
+        spectra_dist.GRAM_ROUTE = True
+        dist.destroy_process_group()
+
+
+def test_both_routes_on_a_2d_mesh_equal_the_operator_on_the_whole_matrix(tmp_path):
+    from spectra.optim.chain import SpectralOp
+
+    mp.spawn(_routes_worker, args=(str(tmp_path),), nprocs=4, join=True)
+    g = torch.Generator().manual_seed(3)
+    fulls = {shape: torch.randn(shape, generator=g, dtype=torch.float64) for shape, _ in MATRICES}
+    ops = [SpectralOp("soft_clip", 0.7), SpectralOp("hard_clip", 0.7),
+           SpectralOp("orthogonalize", None)]  # fmt: skip
+    for r in range(4):
+        got = torch.load(tmp_path / f"routes_{r}.pt")
+        for gram in (True, False):
+            for shape, _ in MATRICES:
+                for op in ops:
+                    want = op(fulls[shape].unsqueeze(0))[0]
+                    torch.testing.assert_close(
+                        got[gram, shape, op.kind], want, rtol=1e-9, atol=1e-12
+                    )

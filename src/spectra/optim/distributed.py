@@ -7,11 +7,22 @@ Two layouts.
   count); a rank applies the operator to the matrices it owns only, then each owner broadcasts
   its results to the others in one flat buffer per owner and dtype. The math runs once, not
   once per rank.
-* **Sharded** parameters (FSDP2, ``DTensor`` on a 1-D mesh): a shard is not a matrix. For each
-  matrix in turn, every rank contributes its shard to the full matrix (an all-gather), the
-  owner applies the operator, and the result is scattered back as shards
-  (``distribute_tensor(..., src_data_rank=owner)``; uneven and empty shards follow DTensor's
-  rules). Only one full matrix is held at a time.
+* **Sharded** parameters (``DTensor`` with Shard and Replicate placements on a 1-D or 2-D mesh:
+  FSDP2, tensor parallelism, FSDP × TP). A shard is not a matrix, but every operator is a
+  function of the small Gram matrix (:mod:`spectra.ops.gram`). Each matrix takes the route
+  that moves fewer elements (:func:`route_of`):
+
+  - the **Gram route**, where the long side is split: the short side is gathered where a mesh
+    dimension splits it, each rank forms the ``s × s`` Gram matrix of its part, one
+    all-reduce per set of mesh dimensions sums them (all such matrices in one buffer), one
+    owner rank per matrix computes ``K`` and broadcasts it, and each rank applies it to its own
+    part. No rank holds more of the matrix than its share of the long side.
+  - the **whole-matrix route** otherwise (the short side alone is split, or the matrix is too
+    square for its Gram matrix to be smaller): every rank contributes its shard to the full
+    matrix (an all-gather), the owner applies the operator, and the result is scattered back
+    as shards (``distribute_tensor(..., src_data_rank=owner)`` on a 1-D mesh; a broadcast and
+    local slicing on a 2-D one). Uneven and empty shards follow DTensor's rules; one full
+    matrix is held at a time.
 
 Owners are computed from shapes alone, so every rank agrees without communicating.
 """
@@ -26,6 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from spectra.ops._common import fp32_products_are_ieee
 
 Op = Callable[[Tensor], Tensor]
 
@@ -169,6 +182,11 @@ def apply_replicated(
                     X.copy_(part.view(X.shape))
 
 
+#: Whether sharded matrices may take the Gram route (``False``: every one is gathered whole, the
+#: route of earlier versions; ``spectra bench dist`` measures both).
+GRAM_ROUTE = True
+
+
 @dataclass(frozen=True)
 class Route:
     """How a sharded ``(m, n)`` matrix meets its operator.
@@ -179,8 +197,7 @@ class Route:
     columns (rows, if ``transposed``), and the sum over those dimensions is the whole matrix's.
     Otherwise the whole matrix is gathered (the short side alone is split, or the matrix is
     square enough that its Gram matrix moves as much).
-    ``volume``: elements moved per rank, the model the choice is made by (see
-    :func:`route_of`).
+    ``volume``: bytes moved per rank, the model the choice is made by (see :func:`route_of`).
     """
 
     gram: bool
@@ -191,28 +208,44 @@ class Route:
 
 
 def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
-    r"""The cheaper route for the matrix ``shape`` of the DTensor ``p``, by elements moved per
-    rank: the Gram route moves ``3s²`` (the all-reduce of the Gram matrix, ``2s²``, and the
-    broadcast of its factor from the rank that computes it, ``s²``) plus the gather of the
-    short side, ``(m·n/R)(1 − 1/S)`` with ``R`` and ``S`` the sizes of the mesh dimensions
-    that split the long and the short side; the whole-matrix route ``2·m·n·(1 − 1/P)``
-    (gather, then scatter back) over the ``P`` ranks that split it."""
+    r"""The cheaper route for the matrix ``shape`` of the DTensor ``p``: the one whose bytes
+    received per rank (ring collectives, averaged over the ``P = R·S`` ranks that split the
+    matrix, ``R`` and ``S`` the sizes of the mesh dimensions that split its long and its short
+    side, ``e`` the bytes of ``p``'s dtype) are fewer.
+
+    * Gram route: the gather of the short side, ``(m·n/R)(1 − 1/S)·e``; the reduce of the
+      ``s × s`` Gram matrix to its owner over the long side's ranks and the broadcast of its
+      factor back, ``2(1 − 1/R)·g·s²`` with ``g`` the bytes of :func:`gram_dtype`.
+    * Whole-matrix route: the all-gather, ``(1 − 1/P)·m·n·e``, and the scatter back from the
+      owner, one mesh dimension at a time (``(1 − 1/P)·m·n·e/P`` on a 1-D mesh); on an
+      ``(a, b)`` mesh also the broadcast along the owner's row, ``(b − 1)/(a·b)·m·n·e``.
+    """
     m, n = shape
     transposed = m > n  # the long side is the rows
     long_axis = 0 if transposed else 1
-    mesh = p.device_mesh
     reduce_dims, gather_dims = [], []
     for d, pl in enumerate(p.placements):
         axis = _axis(pl)
         if axis is not None:
             (reduce_dims if axis == long_axis else gather_dims).append(d)
-    size = mesh.shape
+    size = p.device_mesh.shape
     R = math.prod(size[d] for d in reduce_dims)
     S = math.prod(size[d] for d in gather_dims)
-    s = min(m, n)
-    whole = 2.0 * m * n * (1.0 - 1.0 / (R * S))
-    gram = 3.0 * s * s + (m * n / R) * (1.0 - 1.0 / S)
-    use = bool(reduce_dims) and gram < whole
+    P, s, e = R * S, min(m, n), p.dtype.itemsize
+    ieee = fp32_products_are_ieee(getattr(p, "device", torch.device("cpu")))
+    g = 8 if e == 8 or not ieee else 4
+    # the all-gather, then distribute_tensor's scatter from the owner, one mesh dimension at a
+    # time (a Replicate dimension broadcasts its block); on a 2-D mesh the owner's row first
+    # receives the result
+    whole, block = (1.0 - 1.0 / P) * m * n * e, float(m * n * e)
+    for d, pl in enumerate(p.placements):
+        split = _axis(pl) is not None
+        whole += (size[d] - 1) / size[d] * (block / size[d] if split else block)
+        block = block / size[d] if split else block
+    if len(size) == 2:
+        whole += (size[1] - 1) / (size[0] * size[1]) * m * n * e
+    gram = (m * n / R) * (1.0 - 1.0 / S) * e + 2 * (1 - 1 / R) * g * s * s
+    use = GRAM_ROUTE and bool(reduce_dims) and gram < whole
     return Route(use, transposed, tuple(reduce_dims), tuple(gather_dims), gram if use else whole)
 
 
@@ -241,11 +274,14 @@ def _redistribute(u: Tensor, p: Tensor, source, target) -> Tensor:
 
 
 def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]]) -> None:
-    r"""The Gram route (see :mod:`spectra.ops.gram`): for each matrix, the short side gathered
-    where it is split, the local ``G_r = U_r U_rᵀ`` (float64) summed over the long side's mesh
-    dimensions (one all-reduce per set of dimensions, all matrices in one buffer), ``K`` from
-    the sum by one rank per matrix (balanced by ``s³``) and broadcast, and ``U_r ← K U_r``
-    locally. No rank holds more of a matrix than its share of the long side."""
+    r"""The Gram route (see :mod:`spectra.ops.gram`). For each matrix: the short side gathered
+    where a mesh dimension splits it; the local ``G_r = U_r U_rᵀ`` (:func:`gram_dtype`);
+    within the group of ranks that split the long side, the ``G_r`` reduced to one owner rank
+    (owners balanced by ``s³``; one reduce and one broadcast per owner, its matrices in one
+    buffer), which computes ``K`` and broadcasts it to the group; then ``U_r ← K U_r`` on
+    every rank. Ranks outside the group hold the same data (the mesh's other dimension
+    replicates it, or was gathered) and do the same in their own group. No rank holds more of
+    a matrix than its share of the long side."""
     from torch.distributed.tensor import Replicate
 
     mesh = items[0][2].device_mesh
@@ -261,17 +297,16 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
         parts.append((part, placements))
         matrix = part.reshape(part.shape[0], math.prod(part.shape[1:]))
         views.append(matrix.mT if route.transposed else matrix)
-    grams = [_local_gram(X) for X in views]
-    by_dims: dict[tuple[int, ...], list[int]] = {}
+    grams = [_local_gram(X, gram_dtype(X)) for X in views]
+    by_group: dict[tuple[int, ...], list[int]] = {}
     for i, (*_, route) in enumerate(items):
-        by_dims.setdefault(route.reduce_dims, []).append(i)
-    for dims, idx in by_dims.items():
-        flat = torch.cat([grams[i].reshape(-1) for i in idx])
-        for d in dims:
-            dist.all_reduce(flat, group=mesh.get_group(d))
-        for i, g in zip(idx, flat.split([grams[i].numel() for i in idx]), strict=True):
-            grams[i] = g.view(grams[i].shape)
-    factors = _factors_by_owner([op for op, *_ in items], grams, mesh_group(mesh))
+        by_group.setdefault(route.reduce_dims, []).append(i)
+    factors: list[Tensor] = list(grams)
+    for dims, idx in by_group.items():
+        group = mesh.get_group(dims[0]) if len(dims) == 1 else mesh_group(mesh)
+        ops = [items[i][0] for i in idx]
+        for i, K in zip(idx, _factors_by_owner(ops, [grams[i] for i in idx], group), strict=True):
+            factors[i] = K
     for (_, u, p, _, route), X, K, (part, placements) in zip(
         items, views, factors, parts, strict=True
     ):
@@ -283,34 +318,50 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
         u.copy_(Y)
 
 
-def _local_gram(X: Tensor) -> Tensor:
-    """``X Xᵀ`` in float64 (zeros for an empty shard)."""
-    X64 = X.to(torch.float64)
-    return X64 @ X64.mT
+def gram_dtype(X: Tensor) -> torch.dtype:
+    """The precision of the Gram route's ``G`` and ``K`` (and of their messages): float32 for
+    float32, bf16 and fp16 matrices where float32 products are IEEE (as the single-process
+    ``"eigh"`` route works while ``σ_max/c ≤ 100``), float64 for float64 matrices and where
+    float32 products run in TF32 or bf16. ``K`` itself is computed in float64 either way."""
+    if X.dtype == torch.float64 or not fp32_products_are_ieee(X.device):
+        return torch.float64
+    return torch.float32
+
+
+def _local_gram(X: Tensor, dtype: torch.dtype) -> Tensor:
+    """``X Xᵀ`` in ``dtype`` (zeros for an empty shard)."""
+    Xd = X.to(dtype)
+    return Xd @ Xd.mT
 
 
 def _factors_by_owner(ops: Sequence[Op], grams: list[Tensor], group) -> list[Tensor]:
-    """``op.gram_factor(G)`` for each Gram matrix, computed by its owner rank in ``group``
-    (every rank holds every ``G``) and broadcast to the others, float64, one buffer per
-    owner."""
+    """``op.gram_factor(ΣG)`` for each Gram matrix, where each rank of ``group`` holds a part
+    ``G`` of the sum: the parts are reduced to the matrix's owner rank, which computes the
+    factor and broadcasts it (in ``G``'s dtype); one reduce and one broadcast per owner."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     owners = assign_owners([tuple(G.shape) for G in grams], world)
-    factors = [
-        op.gram_factor(G).to(torch.float64) if o == rank else G
-        for op, G, o in zip(ops, grams, owners, strict=True)
-    ]
+    factors = list(grams)
     for r in range(world):
         mine = [i for i, o in enumerate(owners) if o == r]
         if not mine:
             continue
+        src = dist.get_global_rank(group, r)
+        flat = torch.cat([grams[i].reshape(-1) for i in mine])
+        sizes = [grams[i].numel() for i in mine]
+        if world > 1:
+            dist.reduce(flat, dst=src, group=group)
         if rank == r:
-            flat = torch.cat([factors[i].reshape(-1) for i in mine])
-        else:
-            flat = grams[mine[0]].new_empty(sum(grams[i].numel() for i in mine))
-        dist.broadcast(flat, src=dist.get_global_rank(group, r), group=group)
-        if rank != r:
-            for i, part in zip(mine, flat.split([grams[i].numel() for i in mine]), strict=True):
-                factors[i] = part.view(grams[i].shape)
+            parts = flat.split(sizes)
+            flat = torch.cat(
+                [
+                    ops[i].gram_factor(part.view(grams[i].shape)).to(flat.dtype).reshape(-1)
+                    for i, part in zip(mine, parts, strict=True)
+                ]
+            )
+        if world > 1:
+            dist.broadcast(flat, src=src, group=group)
+        for i, part in zip(mine, flat.split(sizes), strict=True):
+            factors[i] = part.view(grams[i].shape)
     return factors
 
 
@@ -324,25 +375,24 @@ def assemble(u: Tensor, p: Tensor) -> Tensor:
 def apply_whole(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]]) -> None:
     """The whole-matrix route, one matrix at a time: the matrix assembled (:func:`assemble`),
     ``op`` applied by its owner rank (balanced by ``m·n·min(m, n)``), and the result scattered
-    back as shards (on a 1-D mesh; on a 2-D mesh it is broadcast and each rank keeps its
-    part)."""
+    back as shards (``distribute_tensor(..., src_data_rank=owner)``). On a 2-D mesh the owners
+    are the ranks at the coordinates ``(k, k)``, ``distribute_tensor`` scatters from the ranks
+    of the owner's row, and the owner first broadcasts its result along that row."""
     from torch.distributed.tensor import distribute_tensor
 
     mesh = items[0][2].device_mesh
-    group = mesh_group(mesh)
-    rank = dist.get_rank(group)
-    owners = assign_owners([shape for *_, shape, _ in items], mesh.size())
-    for (op, u, p, shape, _), owner in zip(items, owners, strict=True):
+    owners = assign_owners([shape for *_, shape, _ in items], min(mesh.shape))
+    coord = mesh.get_coordinate()
+    for (op, u, p, shape, _), k in zip(items, owners, strict=True):
         full = assemble(u, p)
-        if rank == owner:
+        if all(c == k for c in coord):
             full = op(full.reshape(1, *shape)).reshape(p.shape)
-        if mesh.ndim == 1:
-            # src_data_rank is the rank within the mesh's dimension, which the owner indexes.
-            out = distribute_tensor(full, mesh, p.placements, src_data_rank=owner)
-        else:
+        if mesh.ndim == 2 and coord[0] == k:
+            row = mesh.get_group(1)
             full = full.contiguous()
-            dist.broadcast(full, src=dist.get_global_rank(group, owner), group=group)
-            out = distribute_tensor(full, mesh, p.placements, src_data_rank=None)
+            dist.broadcast(full, src=dist.get_global_rank(row, k), group=row)
+        # src_data_rank is a rank within each mesh dimension: (k) on a 1-D mesh, (k, k) on 2-D
+        out = distribute_tensor(full, mesh, p.placements, src_data_rank=k)
         u.copy_(out.to_local())
 
 

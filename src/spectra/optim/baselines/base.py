@@ -12,7 +12,8 @@ A subclass supplies:
   called on the defaults before ``params`` is looked at, and on every group as it is added;
 * optionally ``_check_params(group)``: validate a group's parameters against its settings;
 * ``_update(group, p, w, g)``: one step of the weights ``w`` (``p`` itself, or its whole
-  tensor under FSDP2) with gradient ``g`` and the state of ``p``.
+  tensor under FSDP2) with gradient ``g`` and the state of ``p``; with ``_on_shards`` a
+  ``DTensor`` parameter's step gets its local shards instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from spectra.optim.distributed import sparse_error, whole_parameter
+from spectra.optim.distributed import (
+    check_layout,
+    is_sharded,
+    local,
+    sparse_error,
+    whole_parameter,
+)
 from spectra.validate import check_real_params
 
 
@@ -39,6 +46,10 @@ class BaselineOptimizer(Optimizer):
     def _check_group(self, group: dict[str, Any]) -> None:
         """Validate the hyperparameters of a group (raise ``ValueError``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _check_group")
+
+    #: Whether ``_update`` takes a ``DTensor`` parameter's local shards (``w`` and ``g`` its
+    #: local parts, its state ``DTensor``s of its layout); otherwise it gets whole tensors.
+    _on_shards = False
 
     def _check_params(self, group: dict[str, Any]) -> None:
         """Validate the parameters of a group against its settings (raise ``ValueError``)."""
@@ -72,6 +83,10 @@ class BaselineOptimizer(Optimizer):
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError(sparse_error(type(self).__name__, p))
+                if self._on_shards and is_sharded(p):
+                    check_layout(p, f"{type(self).__name__}: a parameter")
+                    self._update(group, p, local(p), local(p.grad))
+                    continue
                 with whole_parameter(p) as (w, g):
                     self._update(group, p, w, g)
         return loss

@@ -37,7 +37,8 @@ from spectra.ops.spectral import MUON_NS_COEFFS
 from spectra.optim.adamw import adam_moments_
 from spectra.optim.base import step_counter
 from spectra.optim.baselines.base import BaselineOptimizer
-from spectra.optim.chain import ParamPlan, add_update_, decay_weights_
+from spectra.optim.chain import ParamPlan, SpectralOp, add_update_, decay_weights_
+from spectra.optim.distributed import apply_sharded, is_sharded, local
 from spectra.optim.settings import NS_DTYPES, ns_dtype_of
 from spectra.validate import check_int, check_number, check_pair
 
@@ -116,19 +117,32 @@ def muon_update(
     nesterov: bool,
     ns_steps: int,
     ns_dtype: torch.dtype = torch.bfloat16,
+    shard_of: Tensor | None = None,
 ) -> None:
     """One Muon step on ``param`` in place (see the module docstring for the math).
 
     Tensors with more than two dimensions are treated as the matrix
-    ``(shape[0], prod(shape[1:]))``.
+    ``(shape[0], prod(shape[1:]))``. With ``shard_of`` (a ``DTensor`` parameter), ``param``,
+    ``grad`` and ``momentum_buffer`` are its local shards and ``NS₅(U)`` is formed by the
+    sharded route of :func:`spectra.optim.distributed.apply_sharded` (the Gram route, with
+    the iteration carried as a polynomial in the Gram matrix, where the long side is split).
     """
     momentum_buffer.lerp_(grad, 1 - momentum)
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
-    matrix = update.reshape(update.shape[0], -1)
-    ortho = newton_schulz_quintic(matrix, ns_steps=ns_steps, coeffs=MUON_NS_COEFFS, dtype=ns_dtype)
-    plan = ParamPlan(lr, weight_decay, scale=RMS_MATCH * math.sqrt(max(matrix.shape)))
+    whole = param.shape if shard_of is None else shard_of.shape
+    shape = (whole[0], math.prod(whole[1:]))
+    if shard_of is None:
+        matrix = update.reshape(shape)
+        ortho = newton_schulz_quintic(
+            matrix, ns_steps=ns_steps, coeffs=MUON_NS_COEFFS, dtype=ns_dtype
+        ).view_as(param)
+    else:
+        ortho = update.clone(memory_format=torch.contiguous_format)
+        op = SpectralOp("orthogonalize", None, "muon", ns_steps, ns_dtype)
+        apply_sharded([(op, ortho, shard_of, shape)])
+    plan = ParamPlan(lr, weight_decay, scale=RMS_MATCH * math.sqrt(max(shape)))
     decay_weights_([param], [plan])
-    add_update_([param], [ortho.view_as(param)], [plan])
+    add_update_([param], [ortho], [plan])
 
 
 def adamw_update(
@@ -249,35 +263,39 @@ class DMuon(BaselineOptimizer):
         use = group["use_muon"]
         return default_use_muon(p) if use is None else use
 
+    # A DTensor parameter steps on its shards: its state is DTensors of its layout, the AdamW
+    # part is elementwise, and the Muon part's orthogonalization takes the sharded route.
+    _on_shards = True
+
     def _update(self, group: dict[str, Any], p: Tensor, w: Tensor, g: Tensor) -> None:
-        # Under FSDP2 the update acts on the whole matrix (and the state is whole).
         state = self.state[p]
         if self._uses_muon(group, p):
             if not state:
-                state["momentum_buffer"] = torch.zeros_like(w)
+                state["momentum_buffer"] = torch.zeros_like(p)
             muon_update(
                 w,
                 g,
-                state["momentum_buffer"],
+                local(state["momentum_buffer"]),
                 lr=float(group["lr"]),
                 weight_decay=group["weight_decay"],
                 momentum=group["momentum"],
                 nesterov=group["nesterov"],
                 ns_steps=group["ns_steps"],
                 ns_dtype=group["ns_dtype"],
+                shard_of=p if is_sharded(p) else None,
             )
             return
         if not state:
             state["step"] = step_counter()
-            state["exp_avg"] = torch.zeros_like(w)
-            state["exp_avg_sq"] = torch.zeros_like(w)
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
         state["step"] += 1
         beta1, beta2 = group["adamw_betas"]
         adamw_update(
             w,
             g,
-            state["exp_avg"],
-            state["exp_avg_sq"],
+            local(state["exp_avg"]),
+            local(state["exp_avg_sq"]),
             int(state["step"]),
             lr=float(group["lr"]),
             weight_decay=group["weight_decay"],
