@@ -92,22 +92,41 @@ class Stateful(Protocol):
 
 
 class PerRank:
-    """A component whose state differs between ranks (data position, RNG).
+    """A component whose state may differ between ranks (data position, RNG).
 
     Its state is the list of every rank's state, gathered with ``gather`` (a collective:
-    every rank calls ``state_dict``); each rank loads its own entry.
+    every rank calls ``state_dict``); each rank loads its own entry. A run resumed on another
+    number of processes loads, for a ``shared`` component (one whose state every rank holds
+    alike, such as the sampler's position in the global order), the common state, checked to
+    be common; for any other, the entry of ``rank`` modulo the saved count.
     """
 
-    def __init__(self, component: Stateful, rank: int, gather: Callable[[Any], list]) -> None:
+    def __init__(
+        self,
+        component: Stateful,
+        rank: int,
+        gather: Callable[[Any], list],
+        *,
+        shared: bool = False,
+    ) -> None:
         self.component = component
         self.rank = rank
         self.gather = gather
+        self.shared = shared
 
     def state_dict(self) -> dict[str, Any]:
         return {"ranks": self.gather(self.component.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.component.load_state_dict(state["ranks"][self.rank])
+        ranks = state["ranks"]
+        if self.shared:
+            if any(r != ranks[0] for r in ranks[1:]):
+                raise CheckpointError(
+                    f"the saved {type(self.component).__name__} states differ across ranks"
+                )
+            self.component.load_state_dict(ranks[0])
+            return
+        self.component.load_state_dict(ranks[self.rank % len(ranks)])
 
 
 class ShardedModel:
@@ -216,12 +235,15 @@ def save_sharded_components(
 
 
 def load_components(
-    path: str | Path, components: dict[str, Stateful], world_size: int
+    path: str | Path, components: dict[str, Stateful], world_size: int, sequences_per_step: int
 ) -> dict[str, Any]:
     """Load every component from the checkpoint at ``path``, in order; return the checkpoint.
 
     A file checkpoint holds every component; a directory checkpoint holds the sharded ones
-    (loaded first, through DCP: every rank calls this) and its :data:`TRAINER_FILE` the rest.
+    (loaded first, through DCP: every rank calls this; DCP reshards them for this run's
+    layout) and its :data:`TRAINER_FILE` the rest. A run may resume on another number of
+    processes when it keeps the global batch (``sequences_per_step``, batch size × gradient
+    accumulation × processes): the data order depends on the global step alone.
     """
     path = Path(path)
     sharded = _sharded(components)
@@ -239,10 +261,14 @@ def load_components(
     state = read_checkpoint(path, map_location="cpu")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: unknown format {state.get('format')!r}")
-    if state["world_size"] != world_size:
+    saved = state["config"]
+    saved_sequences = saved["batch_size"] * saved["grad_accum"] * state["world_size"]
+    if state["world_size"] != world_size and saved_sequences != sequences_per_step:
         raise CheckpointError(
-            f"checkpoint {path} was written by {state['world_size']} processes; "
-            f"resume with the same number (got {world_size})"
+            f"checkpoint {path} was written by {state['world_size']} processes with a global "
+            f"batch of {saved_sequences} sequences; on {world_size} this run's is "
+            f"{sequences_per_step}: set global_batch_size = {saved_sequences} to resume on "
+            "another number of processes"
         )
     if sharded:
         if sorted(state.get("sharded", ())) != sorted(sharded):

@@ -322,7 +322,7 @@ def build_run(
         "model": ShardedModel(model) if sharded else model,
         "optimizer": ShardedOptimizer(model, optimizer) if sharded else optimizer,
         "lr_scheduler": scheduler,
-        "sampler": PerRank(sampler, rt.rank, rt.gather),
+        "sampler": PerRank(sampler, rt.rank, rt.gather, shared=True),
         "rng": PerRank(RNGState(rt.device), rt.rank, rt.gather),
     }
     start, tokens = start_or_resume(Path(cfg.out_dir), cfg, rt, components)
@@ -442,7 +442,8 @@ def start_or_resume(
         path = latest_checkpoint(run_dir)
         if path is None:
             raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'ckpt'}")
-        state = load_components(path, components, rt.world_size)
+        sequences = cfg.batch_size * cfg.grad_accum * rt.world_size
+        state = load_components(path, components, rt.world_size, sequences)
         check_resumed_config(cfg, state["config"], path)
         start, tokens = state["step"], state["tokens"]
     elif existing and not cfg.overwrite:
