@@ -60,16 +60,16 @@ def fsdp_config(dataset: Path, out: Path, **kw) -> dict:
     return dataclasses.asdict(small_config(dataset, out, **values))
 
 
-def _spawn(runs: list[dict], tmp: Path) -> None:
-    mp.spawn(_worker, args=(runs, str(tmp)), nprocs=WORLD, join=True)
+def _spawn(runs: list[dict], tmp: Path, world: int = WORLD) -> None:
+    mp.spawn(_worker, args=(runs, str(tmp), world), nprocs=world, join=True)
 
 
-def _worker(rank: int, runs: list[dict], tmp: str) -> None:
+def _worker(rank: int, runs: list[dict], tmp: str, world: int = WORLD) -> None:
     """Train each config of ``runs`` in turn, each over its own process group; a run with
     ``stop_at`` is interrupted after that step, as a killed job would be."""
     from spectra_lab.train.config import TrainConfig
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     for i, run in enumerate(runs):
         run = dict(run)
@@ -81,7 +81,7 @@ def _worker(rank: int, runs: list[dict], tmp: str) -> None:
 
         # train() finds the process group started and destroys it when it returns.
         dist.init_process_group(
-            "gloo", init_method=f"file://{tmp}/pg{i}", rank=rank, world_size=WORLD
+            "gloo", init_method=f"file://{tmp}/pg{i}", rank=rank, world_size=world
         )
         try:
             train(TrainConfig(**run), on_step=interrupt)
@@ -201,7 +201,7 @@ def test_fsdp2_killed_save_leaves_the_last_good_checkpoint(
     assert "incomplete" in capsys.readouterr().err
 
     # a checkpoint of the other layout is refused in one line
-    with pytest.raises(CheckpointError, match="resume it with parallel=fsdp2"):
+    with pytest.raises(CheckpointError, match="parallel=fsdp2, tp or 2d run; resume it with one of those"):
         train(dataclasses.replace(cfg, steps=12, resume=True, parallel="ddp"))
 
 
@@ -277,3 +277,27 @@ def _error_worker(rank: int, run: dict, tmp: str, err: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("parallel", "world", "tp_size"), [("tp", 2, None), ("2d", 4, 2)])
+def test_tensor_parallel_runs_match_one_process(train_dataset, tmp_path, parallel, world, tp_size):
+    """``parallel="tp"`` (2 processes: every block's matrices split in two, one data-parallel
+    group) and ``"2d"`` (a 2 × 2 mesh: TP within each row, FSDP2 across) take the steps of one
+    process with the same global batch, and resume from their DCP checkpoints."""
+    dp = world // (tp_size or world)
+    run = fsdp_config(train_dataset, tmp_path / parallel, parallel=parallel, tp_size=tp_size,
+                      steps=4, grad_accum=1, batch_size=8, checkpoint_interval=2,
+                      optimizer="spectra-adamw")  # fmt: skip
+    cut = {**run, "out_dir": str(tmp_path / "cut")}
+    _spawn([run, {**cut, "stop_at": 3}, {**cut, "resume": True}], tmp_path, world)
+    ref_cfg = small_config(train_dataset, tmp_path / "ref", optimizer="spectra-adamw", steps=4,
+                           grad_accum=1, batch_size=8 * dp, eval_batch_size=8, eval_interval=4,
+                           warmup_steps=1)  # fmt: skip
+    ref = train(ref_cfg)
+    out = tmp_path / parallel
+    np.testing.assert_allclose(train_losses(out), train_losses(Path(ref_cfg.out_dir)), rtol=1e-5)
+    assert_same_weights(ref.model, load_model(out)[0], rtol=1e-3, atol=1e-4)
+    state = read_checkpoint(out / "ckpt" / "step_0000004")
+    assert state["config"]["parallel"] == parallel and state["dp_size"] == dp
+    # resumed from the checkpoint of step 2, the same steps
+    np.testing.assert_allclose(train_losses(tmp_path / "cut"), train_losses(out), rtol=0, atol=1e-6)

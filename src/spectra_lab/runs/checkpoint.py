@@ -250,19 +250,20 @@ def load_components(
     directory = path.is_dir()
     if directory and not sharded:
         raise CheckpointError(
-            f"checkpoint {path} is a sharded (DCP) directory of a parallel=fsdp2 run; "
-            "resume it with parallel=fsdp2"
+            f"checkpoint {path} is a sharded (DCP) directory of a parallel=fsdp2, tp or 2d "
+            "run; resume it with one of those"
         )
     if sharded and not directory:
         raise CheckpointError(
-            f"checkpoint {path} is a single file of a run without FSDP2; "
+            f"checkpoint {path} is a single file of a run without sharding; "
             "resume it with parallel=ddp"
         )
     state = read_checkpoint(path, map_location="cpu")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: unknown format {state.get('format')!r}")
     saved = state["config"]
-    saved_sequences = saved["batch_size"] * saved["grad_accum"] * state["world_size"]
+    saved_dp = state.get("dp_size", state["world_size"])
+    saved_sequences = saved["batch_size"] * saved["grad_accum"] * saved_dp
     if state["world_size"] != world_size and saved_sequences != sequences_per_step:
         raise CheckpointError(
             f"checkpoint {path} was written by {state['world_size']} processes with a global "

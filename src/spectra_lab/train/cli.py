@@ -47,6 +47,7 @@ DIRECT_FLAGS: dict[str, str] = {
     "--seed": "seed",
     "--device": "device",
     "--parallel": "parallel",
+    "--tp-size": "tp_size",
     "--monitor-every": "monitor_every",
     "--log": "loggers",
 }
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         type=int,
         metavar="N",
-        help="train in N processes on this machine (DDP or --parallel fsdp2), as torchrun "
+        help="train in N processes on this machine (DDP, or --parallel fsdp2|tp|2d), as torchrun "
         "--standalone would, with one line per failure",
     )
     parser.add_argument(

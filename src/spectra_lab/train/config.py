@@ -38,7 +38,7 @@ PRE_CLIP_SCHEDULES = ("constant", "cosine")
 AUTOCAST_MODES = ("auto", "bf16", "none")
 PARAMETRIZATIONS = ("standard", "mup")
 #: how several processes share the model: replicated (DDP) or sharded (FSDP2)
-PARALLEL_MODES = ("ddp", "fsdp2")
+PARALLEL_MODES = ("ddp", "fsdp2", "tp", "2d")
 #: groups whose matrices the spectral monitor may watch ("norm" holds vectors only)
 MONITOR_GROUPS = ("hidden", "attn", "embed", "head")
 #: where the scalars go besides the run directory's files (the ``log`` extra)
@@ -151,8 +151,11 @@ class TrainConfig:
     sync_timing: bool = True  # synchronize CUDA around timed phases
     # the device's peak TFLOP/s for the logged MFU; None: looked up for known GPUs (throughput.py)
     peak_tflops: float | None = None
-    # several processes (torchrun): "ddp" replicates the model, "fsdp2" shards it
+    # several processes (torchrun): "ddp" replicates the model, "fsdp2" shards it, "tp" splits
+    # each block's matrices over the processes (tensor parallelism), "2d" does both on a
+    # (processes / tp_size, tp_size) mesh
     parallel: str = "ddp"
+    tp_size: int | None = None  # "2d": the tensor-parallel size (it divides the processes)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -216,6 +219,11 @@ class TrainConfig:
                 "cosine needs pre_clip_c",
             ),
             (
+                "tp_size",
+                self.parallel == "2d" and self.tp_size is None,
+                "parallel = '2d' needs the tensor-parallel size",
+            ),
+            (
                 "monitor_groups",
                 self.monitor_every > 0 and not self.monitor_groups,
                 "is empty: the monitor would watch nothing",
@@ -255,7 +263,7 @@ RESUME_MAY_CHANGE = frozenset(
         "eval_interval", "eval_batches", "eval_batch_size", "log_interval",
         "checkpoint_interval", "keep_checkpoints", "plot", "progress",
         "monitor_every", "monitor_groups", "loggers",
-        "device", "autocast", "compile", "sync_timing", "peak_tflops", "parallel",
+        "device", "autocast", "compile", "sync_timing", "peak_tflops", "parallel", "tp_size",
     }
 )  # fmt: skip
 
@@ -333,6 +341,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "device": _device,
     "autocast": partial(check_choice, choices=AUTOCAST_MODES),
     "parallel": partial(check_choice, choices=PARALLEL_MODES),
+    "tp_size": partial(check_int, low=1, none_ok=True),
     "peak_tflops": _positive_or_off,
 }
 

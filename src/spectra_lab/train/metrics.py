@@ -200,7 +200,7 @@ class RunLog:
         self.line(
             f"{cfg.optimizer} | preset {cfg.preset} | {about['parameters'] / 1e6:.2f}M params | "
             f"{about['tokens_per_step']} tokens/step | {rt.device} x{rt.world_size}"
-            f"{' fsdp2' if cfg.parallel == 'fsdp2' else ''} | "
+            f"{'' if cfg.parallel == 'ddp' else ' ' + cfg.parallel} | "
             f"steps {start}->{cfg.steps}"
         )
 

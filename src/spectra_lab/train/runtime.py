@@ -3,7 +3,8 @@
 Under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) :func:`build_runtime` starts
 the process group (gloo on CPU, NCCL on CUDA); in a single process every collective of
 :class:`Runtime` is a no-op. ``parallel="fsdp2"`` in a single process starts a process group
-of one (an in-memory store, no rendezvous), since FSDP2 and its checkpoints need one.
+of one (an in-memory store, no rendezvous), since FSDP2 and its checkpoints need one (and
+so do ``"tp"`` and ``"2d"``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class Runtime:
     world_size: int
     device: torch.device
     autocast_dtype: torch.dtype | None
+    #: the data-parallel coordinate and size: the rank and world size, except under tensor
+    #: parallelism, whose ranks of one TP group read the same batches (``parallel="tp"``: one
+    #: group; ``"2d"``: ``world_size / tp_size`` groups)
+    dp_rank: int = 0
+    dp_size: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -95,9 +101,15 @@ def build_runtime(cfg: TrainConfig) -> Runtime:
     backend = "nccl" if kind == "cuda" else "gloo"
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    elif cfg.parallel == "fsdp2" and not dist.is_initialized():
+    elif cfg.parallel != "ddp" and not dist.is_initialized():
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     bf16 = cfg.autocast == "bf16" or (
         cfg.autocast == "auto" and kind == "cuda" and torch.cuda.is_bf16_supported()
     )
-    return Runtime(rank, world_size, device, torch.bfloat16 if bf16 else None)
+    tp = {"tp": world_size, "2d": cfg.tp_size or 1}.get(cfg.parallel, 1)
+    if world_size % tp:
+        raise ConfigError(
+            f"config field 'tp_size' = {cfg.tp_size}: does not divide the {world_size} processes"
+        )
+    dtype = torch.bfloat16 if bf16 else None
+    return Runtime(rank, world_size, device, dtype, rank // tp, world_size // tp)

@@ -182,7 +182,7 @@ def train(
     try:
         rt = build_runtime(cfg)
         # The run directory records the accumulation in force for this world size.
-        cfg = dataclasses.replace(cfg, grad_accum=cfg.accumulation(rt.world_size))
+        cfg = dataclasses.replace(cfg, grad_accum=cfg.accumulation(rt.dp_size))
         dataset_dir = prepared_dataset(cfg, rt)  # the one call into data preparation
         run = build_run(cfg, rt, dataset_dir, lr_lambda, watch)
         with (
@@ -249,7 +249,7 @@ def one_step(run: Run) -> tuple[dict[str, Any], dict[str, float], Timer]:
         loss = forward_backward(run.forward, run.sampler, cfg, rt, timer)
         with timer("grad_clip"):
             max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
+            grad_norm = clip_grad_norm(run.params, max_norm)
         around_step(run.monitor, run.observer, timer, "before_step")
         with timer("optimizer"):
             optimizer.step()
@@ -317,7 +317,7 @@ def build_run(
     sampler, val = build_data(cfg, rt, dataset_dir, model_cfg.seq_len)
     optimizer = build_optimizer(model, cfg, lr_lambda)
     scheduler = LRSchedule(optimizer, lr_lambda)
-    sharded = cfg.parallel == "fsdp2"  # model and optimizer saved shard by shard (DCP)
+    sharded = cfg.parallel != "ddp"  # model and optimizer saved shard by shard (DCP)
     components = {
         "model": ShardedModel(model) if sharded else model,
         "optimizer": ShardedOptimizer(model, optimizer) if sharded else optimizer,
@@ -327,7 +327,7 @@ def build_run(
     }
     start, tokens = start_or_resume(Path(cfg.out_dir), cfg, rt, components)
     ctx = RunContext(cfg, model, optimizer, rt, dataset_dir, model_cfg.seq_len, start)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len * rt.world_size
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len * rt.dp_size
     peak = peak_flops(rt.device, rt.autocast_dtype, cfg.peak_tflops)
     about = {  # run.json
         "world_size": rt.world_size,
@@ -388,17 +388,27 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> tuple[nn.Module, Any]:
 def build_data(cfg: TrainConfig, rt: Runtime, dataset_dir: Path, seq_len: int) -> tuple[Any, Any]:
     """The training batch sampler and the validation split (``BatchSampler``, ``TokenDataset``).
 
-    One global batch of ``batch_size * world_size`` windows per micro-step; rank r takes
-    the r-th slice, so ranks see disjoint data.
+    One global batch of ``batch_size * dp_size`` windows per micro-step; data-parallel rank r
+    takes the r-th slice, so data-parallel ranks see disjoint data (the ranks of one
+    tensor-parallel group the same).
     """
     from spectra_lab.data import BatchSampler, TokenDataset
 
     train_split = TokenDataset(dataset_dir / "train.bin", seq_len)
     val = TokenDataset(dataset_dir / "val.bin", seq_len)
     sampler = BatchSampler(
-        train_split, cfg.batch_size, seed=cfg.seed, rank=rt.rank, world_size=rt.world_size
+        train_split, cfg.batch_size, seed=cfg.seed, rank=rt.dp_rank, world_size=rt.dp_size
     )
     return sampler, val
+
+
+#: the tensor-parallel plan of a block (``"tp"``, ``"2d"``): q, k, v and the MLP's w1, w3 split
+#: by rows (``ColwiseParallel``: each rank computes its heads and its part of the hidden
+#: layer), o and w2 by columns (``RowwiseParallel``: their outputs are summed), as in
+#: Megatron-LM; embeddings, norms and the head stay whole on every rank
+TP_PLAN = {"attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise",
+           "attn.wo": "rowwise", "mlp.w1": "colwise", "mlp.w3": "colwise",
+           "mlp.w2": "rowwise"}  # fmt: skip
 
 
 def wrap_model(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
@@ -407,7 +417,12 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     With ``parallel="fsdp2"``: ``model`` itself, sharded in place over a 1-D mesh of all
     ranks by ``fully_shard`` on each block, then on the root (torchtitan's layout: a block's
     weights are gathered for its forward and backward only); ``compile`` compiles each block.
+    With ``"tp"``: each block's matrices split over all ranks by :data:`TP_PLAN`. With
+    ``"2d"``: both, on a ``(dp, tp)`` mesh of ``(world / tp_size, tp_size)``: TP within each
+    row, FSDP2 across.
     """
+    if cfg.parallel in ("tp", "2d"):
+        return _tensor_parallel(model, cfg, rt)
     if cfg.parallel == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -426,6 +441,60 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
     return forward
 
 
+def _tensor_parallel(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    tp = rt.world_size // rt.dp_size
+    mc = model.cfg
+    for what, size in (("n_heads", mc.n_heads), ("the MLP's hidden size", mc.hidden_dim)):
+        if size % tp:
+            raise ConfigError(
+                f"config field 'parallel' = {cfg.parallel!r}: {tp} tensor-parallel processes do "
+                f"not divide {what} ({size})"
+            )
+    mesh = init_device_mesh(rt.device.type, (rt.dp_size, tp), mesh_dim_names=("dp", "tp"))
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for block in model.layers:
+        parallelize_module(block, mesh["tp"], {k: styles[v]() for k, v in TP_PLAN.items()})
+        if cfg.compile:
+            block.compile()
+        if cfg.parallel == "2d":
+            fully_shard(block, mesh=mesh["dp"])
+    if cfg.parallel == "2d":
+        fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for parameters that may be plain tensors and
+    ``DTensor``s on several meshes (tensor parallelism leaves the embeddings and norms whole;
+    a 2-D run shards those over its data-parallel mesh only): the norm of each kind is
+    reduced by its own mesh, the total is their root sum of squares, and every gradient is
+    scaled by ``min(1, max_norm / (total + 1e-6))``."""
+    from spectra.optim.distributed import is_sharded
+
+    kinds: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            kinds.setdefault(p.grad.device_mesh if is_sharded(p.grad) else None, []).append(p)
+    if len(kinds) <= 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norms = []
+    for ps in kinds.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in ps])
+        norms.append(norm.full_tensor() if is_sharded(norm) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    for ps in kinds.values():
+        torch.nn.utils.clip_grads_with_norm_(ps, max_norm, total)
+    return total
+
+
 def start_or_resume(
     run_dir: Path, cfg: TrainConfig, rt: Runtime, components: dict[str, Any]
 ) -> tuple[int, int]:
@@ -442,7 +511,7 @@ def start_or_resume(
         path = latest_checkpoint(run_dir)
         if path is None:
             raise CheckpointError(f"--resume: no checkpoint in {run_dir / 'ckpt'}")
-        sequences = cfg.batch_size * cfg.grad_accum * rt.world_size
+        sequences = cfg.batch_size * cfg.grad_accum * rt.dp_size
         state = load_components(path, components, rt.world_size, sequences)
         check_resumed_config(cfg, state["config"], path)
         start, tokens = state["step"], state["tokens"]
@@ -502,11 +571,12 @@ def save_checkpoint(run: Run, step: int, tokens: int) -> Path:
         "step": step,
         "tokens": tokens,
         "world_size": rt.world_size,
+        "dp_size": rt.dp_size,
         "config": cfg.to_dict(),
         "model_config": run.about["model_config"],
         "dataset_dir": run.about["dataset_dir"],
     }
-    sharded = cfg.parallel == "fsdp2"
+    sharded = cfg.parallel != "ddp"
     path = checkpoint_path(cfg.out_dir, step, sharded=sharded)
     if sharded:
         save_sharded_components(path, run.components, scalars, rt)
@@ -645,7 +715,7 @@ def evaluate(model: nn.Module, val: Any, cfg: TrainConfig, rt: Runtime) -> float
     count = mine = 0
     for i, (x, y) in enumerate(batches):
         count += 1
-        if i % rt.world_size != rt.rank:
+        if i % rt.dp_size != rt.dp_rank:
             continue
         x, y = x.to(rt.device), y.to(rt.device)
         with rt.autocast():
@@ -653,7 +723,7 @@ def evaluate(model: nn.Module, val: Any, cfg: TrainConfig, rt: Runtime) -> float
         total[0] += loss.double() * x.shape[0]
         total[1] += x.shape[0]
         mine += 1
-    if isinstance(model, FSDPModule) and mine < -(-count // rt.world_size):
+    if isinstance(model, FSDPModule) and mine < -(-count // rt.dp_size):
         with rt.autocast():
             model(x.to(rt.device))
     total = rt.mean(total)  # the ratio of the sums is the ratio of the means
