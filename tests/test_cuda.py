@@ -249,3 +249,39 @@ def test_trainer_fsdp2_on_nccl_equals_the_plain_run(train_dataset, tmp_path, gpu
                            optimizer="spectra-adamw", parallel=parallel)  # fmt: skip
         losses.append(final_val_loss(cfg))
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+
+
+def test_nccl_world_size_one_gram_route_equals_the_operator(gpu):
+    """The Gram route's code on CUDA and NCCL: with one rank nothing is split, so it is called
+    directly with a route that treats the rank's part as the long side's share."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from spectra.optim import distributed as spectra_dist
+    from spectra.optim.chain import SpectralOp
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cuda", (1,))
+        g = torch.Generator(device="cuda").manual_seed(0)
+        for shape, dtype in (((96, 24), torch.float64), ((24, 96), torch.float32)):
+            full = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+            p = distribute_tensor(full, mesh, [Shard(0)])
+            route = spectra_dist.Route(True, shape[0] > shape[1], (0,), (), 0.0)
+            for op in (SpectralOp("soft_clip", 0.5), SpectralOp("orthogonalize", None)):
+                u = p.to_local().clone()
+                spectra_dist.apply_gram([(op, u, p, shape, route)])
+                want = op(full.double().unsqueeze(0))[0].to(dtype)
+                tol = 1e-10 if dtype == torch.float64 else 1e-4
+                torch.testing.assert_close(u, want, rtol=tol, atol=tol)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_trainer_tp_on_nccl_equals_the_plain_run(train_dataset, tmp_path, gpu):
+    losses = []
+    for parallel in ("ddp", "tp"):
+        cfg = small_config(train_dataset, tmp_path / parallel, device="cuda", steps=6,
+                           optimizer="spectra-adamw", parallel=parallel)  # fmt: skip
+        losses.append(final_val_loss(cfg))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
