@@ -74,13 +74,18 @@ def _worker(rank: int, world: int, init: str, spec: dict[str, Any], out: str) ->
         dist.destroy_process_group()
 
 
-def time_steps(procs: int, spec: dict[str, Any]) -> dict[str, float]:
-    """Median step seconds with and without the split, for ``procs`` gloo processes."""
+def _spawn(worker, procs: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run ``worker(rank, procs, init, spec, out)`` in ``procs`` gloo processes; rank 0's JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         init = f"file://{tmp}/pg"
-        mp.spawn(_worker, args=(procs, init, spec, out), nprocs=procs, join=True)
+        mp.spawn(worker, args=(procs, init, spec, out), nprocs=procs, join=True)
         return json.loads(Path(out).read_text())
+
+
+def time_steps(procs: int, spec: dict[str, Any]) -> dict[str, float]:
+    """Median step seconds with and without the split, for ``procs`` gloo processes."""
+    return _spawn(_worker, procs, spec)
 
 
 # --------------------------------------------------------------------------- volume model
@@ -274,11 +279,7 @@ def _traffic_worker(rank: int, world: int, init: str, spec: dict[str, Any], out:
 
 def measure_traffic(procs: int, spec: dict[str, Any]) -> dict[str, Any]:
     """Bytes each rank receives in one ``optimizer.step()`` of each layout, ``procs`` ranks."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "traffic.json")
-        init = f"file://{tmp}/pg"
-        mp.spawn(_traffic_worker, args=(procs, init, spec, out), nprocs=procs, join=True)
-        return json.loads(Path(out).read_text())
+    return _spawn(_traffic_worker, procs, spec)
 
 
 def _mesh_of(layout: str, n: int) -> tuple[int, ...]:
