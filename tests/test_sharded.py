@@ -244,6 +244,13 @@ def _placements(spec: str) -> list:
     return [Replicate() if s == "R" else Shard(int(s[1])) for s in spec.split()]
 
 
+def _spiked(dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(6, 64, generator=g, dtype=torch.float64)
+    X[0] += 100.0  # one direction with σ ≈ 800
+    return X.to(dtype)
+
+
 def _routes_worker(rank: int, tmp: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
@@ -267,6 +274,12 @@ def _routes_worker(rank: int, tmp: str) -> None:
                     u = p.to_local().clone()
                     spectra_dist.apply_sharded([(op, u, p, shape)])
                     out[gram, shape, op.kind] = spectra_dist.assemble(u, p)
+        # float32 with σ_max/c ≈ 1e3: the Gram route's float32 pass hands it to float64
+        spike = _spiked(torch.float32)
+        p = distribute_tensor(spike, mesh, _placements("S1 S1"))
+        u = p.to_local().clone()
+        spectra_dist.apply_sharded([(SpectralOp("soft_clip", 0.7), u, p, tuple(spike.shape))])
+        out["spike"] = spectra_dist.assemble(u, p)
         torch.save(out, Path(tmp) / f"routes_{rank}.pt")
         dist.barrier()
     finally:
@@ -291,3 +304,9 @@ def test_both_routes_on_a_2d_mesh_equal_the_operator_on_the_whole_matrix(tmp_pat
                     torch.testing.assert_close(
                         got[gram, shape, op.kind], want, rtol=1e-9, atol=1e-12
                     )
+        # against the exact clip (float64 SVD), as accurate as the single-process operator
+        spike = _spiked(torch.float32)
+        exact = SpectralOp("soft_clip", 0.7, "svd")(spike.double().unsqueeze(0))[0]
+        single = SpectralOp("soft_clip", 0.7)(spike.unsqueeze(0))[0]
+        err = (got["spike"].double() - exact).norm() / exact.norm()
+        assert err <= max(2 * (single.double() - exact).norm() / exact.norm(), 1e-6)

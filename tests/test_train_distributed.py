@@ -201,7 +201,9 @@ def test_fsdp2_killed_save_leaves_the_last_good_checkpoint(
     assert "incomplete" in capsys.readouterr().err
 
     # a checkpoint of the other layout is refused in one line
-    with pytest.raises(CheckpointError, match="parallel=fsdp2, tp or 2d run; resume it with one of those"):
+    with pytest.raises(
+        CheckpointError, match="parallel=fsdp2, tp or 2d run; resume it with one of those"
+    ):
         train(dataclasses.replace(cfg, steps=12, resume=True, parallel="ddp"))
 
 

@@ -347,6 +347,20 @@ def longer_lr_table(longer: dict | None, longer_lr: dict | None) -> str:
             d = paired(tuned, vals)
             rows.append(f"| {name} | {lr:g} | {mean_std(vals)} | {fmt_diff(d)} | "
                         f"{difference(d, 'tuned lower', 'lower than tuned')} |")  # fmt: skip
+    best = {}
+    for name, lrs in LONGER_LRS.items():
+        by_lr = {lr: per_seed(longer_lr, optimizer=name, lr=lr) for lr in lrs}
+        by_lr[lrs[1]] = per_seed(longer, optimizer=name)
+        lr = best_lr({k: v for k, v in by_lr.items() if len(v) == 3})
+        if lr is not None:
+            best[name] = (lr, by_lr[lr])
+    if len(best) == 2:
+        (a, (lr_a, va)), (b, (lr_b, vb)) = best.items()
+        d = paired(va, vb)
+        rows += ["", "| the two at their best lr of the three | Δ (paired) | verdict |",
+                 "|---|---|---|",
+                 f"| Δ = {b}@{lr_b:g} − {a}@{lr_a:g} | {fmt_diff(d)} | "
+                 f"{difference(d, f'{a} lower', f'{b} lower')} |"]  # fmt: skip
     return "\n".join(rows)
 
 

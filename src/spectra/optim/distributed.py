@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from spectra.ops._common import fp32_products_are_ieee
+from spectra.ops.spectral import EIGH_FP32_MAX_RATIO2
 
 Op = Callable[[Tensor], Tensor]
 
@@ -215,7 +216,8 @@ def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
 
     * Gram route: the gather of the short side, ``(m·n/R)(1 − 1/S)·e``; the reduce of the
       ``s × s`` Gram matrix to its owner over the long side's ranks and the broadcast of its
-      factor back, ``2(1 − 1/R)·g·s²`` with ``g`` the bytes of :func:`gram_dtype`.
+      factor back (with one flag), ``(1 − 1/R)·g·(2s² + 1)`` with ``g`` the bytes of
+      :func:`gram_dtype` (a clip's; a float64 second pass is not modelled).
     * Whole-matrix route: the all-gather, ``(1 − 1/P)·m·n·e``, and the scatter back from the
       owner, one mesh dimension at a time (``(1 − 1/P)·m·n·e/P`` on a 1-D mesh); on an
       ``(a, b)`` mesh also the broadcast along the owner's row, ``(b − 1)/(a·b)·m·n·e``.
@@ -244,7 +246,7 @@ def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
         block = block / size[d] if split else block
     if len(size) == 2:
         whole += (size[1] - 1) / (size[0] * size[1]) * m * n * e
-    gram = (m * n / R) * (1.0 - 1.0 / S) * e + 2 * (1 - 1 / R) * g * s * s
+    gram = (m * n / R) * (1.0 - 1.0 / S) * e + (1 - 1 / R) * g * (2 * s * s + 1)
     use = GRAM_ROUTE and bool(reduce_dims) and gram < whole
     return Route(use, transposed, tuple(reduce_dims), tuple(gather_dims), gram if use else whole)
 
@@ -297,7 +299,7 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
         parts.append((part, placements))
         matrix = part.reshape(part.shape[0], math.prod(part.shape[1:]))
         views.append(matrix.mT if route.transposed else matrix)
-    grams = [_local_gram(X, gram_dtype(X)) for X in views]
+    grams = [_local_gram(X, gram_dtype(X, op)) for X, (op, *_) in zip(views, items, strict=True)]
     by_group: dict[tuple[int, ...], list[int]] = {}
     for i, (*_, route) in enumerate(items):
         by_group.setdefault(route.reduce_dims, []).append(i)
@@ -305,8 +307,15 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
     for dims, idx in by_group.items():
         group = mesh.get_group(dims[0]) if len(dims) == 1 else mesh_group(mesh)
         ops = [items[i][0] for i in idx]
-        for i, K in zip(idx, _factors_by_owner(ops, [grams[i] for i in idx], group), strict=True):
+        got, redo = _factors_by_owner(ops, [grams[i] for i in idx], group)
+        for i, K in zip(idx, got, strict=True):
             factors[i] = K
+        if redo:  # a second pass in float64 for the clips float32 cannot resolve
+            again = [idx[j] for j in redo]
+            grams64 = [_local_gram(views[i], torch.float64) for i in again]
+            got, _ = _factors_by_owner([ops[j] for j in redo], grams64, group)
+            for i, K in zip(again, got, strict=True):
+                factors[i] = K
     for (_, u, p, _, route), X, K, (part, placements) in zip(
         items, views, factors, parts, strict=True
     ):
@@ -318,14 +327,34 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
         u.copy_(Y)
 
 
-def gram_dtype(X: Tensor) -> torch.dtype:
-    """The precision of the Gram route's ``G`` and ``K`` (and of their messages): float32 for
-    float32, bf16 and fp16 matrices where float32 products are IEEE (as the single-process
-    ``"eigh"`` route works while ``σ_max/c ≤ 100``), float64 for float64 matrices and where
-    float32 products run in TF32 or bf16. ``K`` itself is computed in float64 either way."""
-    if X.dtype == torch.float64 or not fp32_products_are_ieee(X.device):
+def gram_dtype(X: Tensor, op: Op) -> torch.dtype:
+    """The precision of the Gram route's ``G`` and ``K`` (and of their messages), as the
+    single-process ``"eigh"`` route chooses it: float32 for float32, bf16 and fp16 matrices
+    where float32 products are IEEE, with a second pass in float64 for a clip whose
+    ``(σ_max/c)²`` exceeds ``EIGH_FP32_MAX_RATIO2`` (:func:`_factors_by_owner` flags it);
+    float64 for float64 matrices, where float32 products run in TF32 or bf16, and for the SVD
+    orthogonalization (whose small directions float32 would not resolve). ``K`` itself is
+    computed in float64 either way."""
+    exact_orth = getattr(op, "kind", None) == "orthogonalize" and getattr(op, "method", "auto") in (
+        "auto",
+        "svd",
+    )
+    if X.dtype == torch.float64 or exact_orth or not fp32_products_are_ieee(X.device):
         return torch.float64
     return torch.float32
+
+
+def _needs_float64(op: Op, G: Tensor) -> bool:
+    """Whether a float32 Gram matrix is too coarse for the clip ``op``: ``(σ_max/c)² > 1e4``,
+    the bound of the single-process ``"eigh"`` route (checked by ``‖G‖_F`` first)."""
+    c = getattr(op, "c", None)
+    if G.dtype != torch.float32 or c is None or getattr(op, "kind", None) == "orthogonalize":
+        return False
+    limit = EIGH_FP32_MAX_RATIO2 * c * c
+    G64 = G.to(torch.float64)
+    if float(torch.linalg.matrix_norm(G64)) <= limit:
+        return False
+    return float(torch.linalg.eigvalsh(G64)[-1]) > limit
 
 
 def _local_gram(X: Tensor, dtype: torch.dtype) -> Tensor:
@@ -334,13 +363,18 @@ def _local_gram(X: Tensor, dtype: torch.dtype) -> Tensor:
     return Xd @ Xd.mT
 
 
-def _factors_by_owner(ops: Sequence[Op], grams: list[Tensor], group) -> list[Tensor]:
+def _factors_by_owner(
+    ops: Sequence[Op], grams: list[Tensor], group
+) -> tuple[list[Tensor], list[int]]:
     """``op.gram_factor(ΣG)`` for each Gram matrix, where each rank of ``group`` holds a part
     ``G`` of the sum: the parts are reduced to the matrix's owner rank, which computes the
-    factor and broadcasts it (in ``G``'s dtype); one reduce and one broadcast per owner."""
+    factor and broadcasts it (in ``G``'s dtype), one reduce and one broadcast per owner; and
+    the positions of the matrices whose float32 ``G`` the owner found too coarse
+    (:func:`_needs_float64`, sent with the factors), which need a float64 pass."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     owners = assign_owners([tuple(G.shape) for G in grams], world)
     factors = list(grams)
+    redo: list[int] = []
     for r in range(world):
         mine = [i for i, o in enumerate(owners) if o == r]
         if not mine:
@@ -351,18 +385,23 @@ def _factors_by_owner(ops: Sequence[Op], grams: list[Tensor], group) -> list[Ten
         if world > 1:
             dist.reduce(flat, dst=src, group=group)
         if rank == r:
-            parts = flat.split(sizes)
-            flat = torch.cat(
-                [
-                    ops[i].gram_factor(part.view(grams[i].shape)).to(flat.dtype).reshape(-1)
-                    for i, part in zip(mine, parts, strict=True)
-                ]
-            )
+            out = []
+            for i, part in zip(mine, flat.split(sizes), strict=True):
+                G = part.view(grams[i].shape)
+                flag = _needs_float64(ops[i], G)
+                K = torch.zeros_like(G) if flag else ops[i].gram_factor(G).to(G.dtype)
+                out += [K.reshape(-1), G.new_full((1,), float(flag))]
+            flat = torch.cat(out)
+        else:
+            flat = flat.new_empty(sum(sizes) + len(mine))
         if world > 1:
             dist.broadcast(flat, src=src, group=group)
-        for i, part in zip(mine, flat.split(sizes), strict=True):
-            factors[i] = part.view(grams[i].shape)
-    return factors
+        parts = flat.split([n + 1 for n in sizes])
+        for i, part in zip(mine, parts, strict=True):
+            factors[i] = part[:-1].view(grams[i].shape)
+        flags = torch.stack([part[-1] for part in parts]).tolist()  # one read per owner
+        redo += [i for i, f in zip(mine, flags, strict=True) if f]
+    return factors, sorted(redo)
 
 
 def assemble(u: Tensor, p: Tensor) -> Tensor:
