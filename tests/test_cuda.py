@@ -242,11 +242,12 @@ def test_nccl_world_size_one_fsdp2_equals_the_unsharded_run(gpu):
         dist.destroy_process_group()
 
 
-def test_trainer_fsdp2_on_nccl_equals_the_plain_run(train_dataset, tmp_path, gpu):
+@pytest.mark.parametrize("parallel", ["fsdp2", "tp"])
+def test_trainer_sharded_on_nccl_equals_the_plain_run(train_dataset, tmp_path, parallel, gpu):
     losses = []
-    for parallel in ("ddp", "fsdp2"):
-        cfg = small_config(train_dataset, tmp_path / parallel, device="cuda", steps=6,
-                           optimizer="spectra-adamw", parallel=parallel)  # fmt: skip
+    for mode in ("ddp", parallel):
+        cfg = small_config(train_dataset, tmp_path / mode, device="cuda", steps=6,
+                           optimizer="spectra-adamw", parallel=mode)  # fmt: skip
         losses.append(final_val_loss(cfg))
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
 
@@ -276,12 +277,3 @@ def test_nccl_world_size_one_gram_route_equals_the_operator(gpu):
                 torch.testing.assert_close(u, want, rtol=tol, atol=tol)
     finally:
         dist.destroy_process_group()
-
-
-def test_trainer_tp_on_nccl_equals_the_plain_run(train_dataset, tmp_path, gpu):
-    losses = []
-    for parallel in ("ddp", "tp"):
-        cfg = small_config(train_dataset, tmp_path / parallel, device="cuda", steps=6,
-                           optimizer="spectra-adamw", parallel=parallel)  # fmt: skip
-        losses.append(final_val_loss(cfg))
-    assert losses[1] == pytest.approx(losses[0], rel=1e-4)

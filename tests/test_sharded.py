@@ -208,6 +208,7 @@ def test_volume_model(shape, placements, sizes, gram):
     class Stub:
         device_mesh = Mesh()
         dtype = torch.float32
+        device = torch.device("cpu")
 
     Stub.placements = [Shard(int(p[1])) for p in placements]
     route = spectra_dist.route_of(Stub(), shape)

@@ -233,14 +233,9 @@ def hard_table(hvs: dict | None, seeds: dict | None, cab: dict | None) -> str:
                 soft = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs=None)
             hard = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs={"post": "hard_clip"})
             d = paired(soft, hard)
-            if d is None:
-                verdict = "–"
-            elif d["sig"]:
-                verdict = "hard lower" if d["mean"] < 0 else "soft lower"
-            else:
-                verdict = "no difference"
-            rows.append(f"| {opt} | {c:g} | {mean_std(soft)} | "
-                        f"{mean_std(hard)} | {fmt_diff(d)} | {verdict} |")  # fmt: skip
+            verdict = difference(d, "soft lower", "hard lower")
+            rows.append(f"| {opt} | {c:g} | {mean_std(soft)} | {mean_std(hard)} | "
+                        f"{fmt_diff(d)} | {verdict} |")  # fmt: skip
     return "\n".join(rows)
 
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from spectra.ops._common import single_thread_lapack
 from spectra.ops.polar import ORTH_COEFFS
-from spectra.ops.spectral import MUON_NS_COEFFS
+from spectra.ops.spectral import MUON_NS_COEFFS, _hard_weight, _soft_weight
 
 #: Directions with σ ≤ ORTH_GRAM_TOL·σ_max are dropped by the Gram route's orthogonalization:
 #: the float64 eigendecomposition of G resolves σ² only to about ε₆₄·σ²_max.
@@ -42,11 +42,12 @@ ORTH_GRAM_TOL = math.sqrt(torch.finfo(torch.float64).eps)
 
 
 def _weights(kind: str, sigma: Tensor, c: float | None) -> Tensor:
-    """``φ(σ)/σ`` for the operator ``kind`` (float64)."""
+    """``φ(σ)/σ`` for the operator ``kind`` (float64): the weights of the single-process
+    ``"eigh"`` route for the clips."""
     if kind == "soft_clip":
-        return torch.hypot(torch.ones_like(sigma), sigma / c).reciprocal()
+        return _soft_weight(c)(sigma)
     if kind == "hard_clip":
-        return torch.where(sigma > c, c / sigma.clamp_min(c), torch.ones_like(sigma))
+        return _hard_weight(c)(sigma)
     if kind == "orthogonalize":
         tol = sigma.amax(dim=-1, keepdim=True) * ORTH_GRAM_TOL
         keep = sigma > tol

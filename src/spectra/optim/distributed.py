@@ -33,6 +33,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,9 @@ from torch import Tensor
 
 from spectra.ops._common import fp32_products_are_ieee
 from spectra.ops.spectral import EIGH_FP32_MAX_RATIO2
+
+if TYPE_CHECKING:  # the chain's operator type (the chain imports this module)
+    from spectra.optim.chain import SpectralOp
 
 Op = Callable[[Tensor], Tensor]
 
@@ -234,8 +238,7 @@ def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
     R = math.prod(size[d] for d in reduce_dims)
     S = math.prod(size[d] for d in gather_dims)
     P, s, e = R * S, min(m, n), p.dtype.itemsize
-    ieee = fp32_products_are_ieee(getattr(p, "device", torch.device("cpu")))
-    g = 8 if e == 8 or not ieee else 4
+    g = 8 if e == 8 or not fp32_products_are_ieee(p.device) else 4
     # the all-gather, then distribute_tensor's scatter from the owner, one mesh dimension at a
     # time (a Replicate dimension broadcasts its block); on a 2-D mesh the owner's row first
     # receives the result
@@ -327,7 +330,7 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
         u.copy_(Y)
 
 
-def gram_dtype(X: Tensor, op: Op) -> torch.dtype:
+def gram_dtype(X: Tensor, op: SpectralOp) -> torch.dtype:
     """The precision of the Gram route's ``G`` and ``K`` (and of their messages), as the
     single-process ``"eigh"`` route chooses it: float32 for float32, bf16 and fp16 matrices
     where float32 products are IEEE, with a second pass in float64 for a clip whose
@@ -335,22 +338,18 @@ def gram_dtype(X: Tensor, op: Op) -> torch.dtype:
     float64 for float64 matrices, where float32 products run in TF32 or bf16, and for the SVD
     orthogonalization (whose small directions float32 would not resolve). ``K`` itself is
     computed in float64 either way."""
-    exact_orth = getattr(op, "kind", None) == "orthogonalize" and getattr(op, "method", "auto") in (
-        "auto",
-        "svd",
-    )
+    exact_orth = op.kind == "orthogonalize" and op.method in ("auto", "svd")
     if X.dtype == torch.float64 or exact_orth or not fp32_products_are_ieee(X.device):
         return torch.float64
     return torch.float32
 
 
-def _needs_float64(op: Op, G: Tensor) -> bool:
+def _needs_float64(op: SpectralOp, G: Tensor) -> bool:
     """Whether a float32 Gram matrix is too coarse for the clip ``op``: ``(σ_max/c)² > 1e4``,
     the bound of the single-process ``"eigh"`` route (checked by ``‖G‖_F`` first)."""
-    c = getattr(op, "c", None)
-    if G.dtype != torch.float32 or c is None or getattr(op, "kind", None) == "orthogonalize":
+    if G.dtype != torch.float32 or op.kind == "orthogonalize":
         return False
-    limit = EIGH_FP32_MAX_RATIO2 * c * c
+    limit = EIGH_FP32_MAX_RATIO2 * op.c * op.c
     G64 = G.to(torch.float64)
     if float(torch.linalg.matrix_norm(G64)) <= limit:
         return False

@@ -184,11 +184,11 @@ def plan(
         # (an observer may plan a parameter with no state yet: it has not been measured)
         tracked = state if state is not None and "pre_clip_ema" in state else None
         m = 0.0 if tracked is None else tracked["pre_clip_ema"]
-        scale = running_scale(m, group["pre_clip_beta"], step)
+        running = running_scale(m, group["pre_clip_beta"], step)
         # c = inf (the first step, or a zero scale so far): the link measures, clips nothing
         c_pre = math.inf
-        if scale > 0:
-            c_pre = threshold(group["pre_clip_kappa"] * scale, group["pre_clip_schedule"], step)
+        if running > 0:
+            c_pre = threshold(group["pre_clip_kappa"] * running, group["pre_clip_schedule"], step)
         if tracked is not None or math.isfinite(c_pre):
             pre = op_of(group, "soft_clip", c_pre)
     elif c_pre is not None and math.isfinite(c_pre):

@@ -133,11 +133,6 @@ def volume_model(clipped: int, total: int, n: int, bytes_per: int = 4) -> dict[s
 
 #: layouts whose optimizer-step traffic ``--traffic`` measures (``2d`` with 4 or more ranks)
 LAYOUTS = ("ddp", "fsdp2-whole", "fsdp2-gram", "tp", "2d")
-#: the tensor-parallel plan of a Llama block: q, k, v and the MLP's w1, w3 split by rows
-#: (ColwiseParallel), o and w2 by columns (RowwiseParallel), as in Megatron-LM
-TP_PLAN = {"attn.wq": "colwise", "attn.wk": "colwise", "attn.wv": "colwise",
-           "attn.wo": "rowwise", "mlp.w1": "colwise", "mlp.w3": "colwise",
-           "mlp.w2": "rowwise"}  # fmt: skip
 
 
 class CollectiveCounter(TorchDispatchMode):
@@ -213,33 +208,19 @@ def _received(name: str, args: tuple) -> float:
     return float(_bytes(args[0]))  # anything else: its first argument, once
 
 
-def _layout_model(model: torch.nn.Module, layout: str, world: int) -> None:
-    """Shard ``model`` in place for ``layout`` (``ddp``: nothing)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+def _layout_model(model: torch.nn.Module, layout: str, rank: int, world: int) -> None:
+    """Shard ``model`` in place as the trainer does for ``layout`` (``ddp``: nothing; ``2d``:
+    a ``(2, world / 2)`` mesh)."""
+    if layout == "ddp":
+        return
+    from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.runtime import Runtime
+    from spectra_lab.train.trainer import wrap_model
 
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan = {name: styles[style]() for name, style in TP_PLAN.items()}
-    if layout.startswith("fsdp2"):
-        mesh = init_device_mesh("cpu", (world,))
-        for block in model.layers:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-    elif layout == "tp":
-        mesh = init_device_mesh("cpu", (world,))
-        for block in model.layers:
-            parallelize_module(block, mesh, plan)
-    elif layout == "2d":
-        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
-        for block in model.layers:
-            parallelize_module(block, mesh["tp"], plan)
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
+    parallel = layout.split("-")[0]  # fsdp2-whole and fsdp2-gram shard alike
+    tp = {"tp": world, "2d": world // 2}.get(parallel, 1)
+    cfg = TrainConfig(parallel=parallel, tp_size=tp if parallel == "2d" else None)
+    wrap_model(model, cfg, Runtime(rank, world, torch.device("cpu"), None, rank // tp, world // tp))
 
 
 def _traffic_worker(rank: int, world: int, init: str, spec: dict[str, Any], out: str) -> None:
@@ -256,7 +237,7 @@ def _traffic_worker(rank: int, world: int, init: str, spec: dict[str, Any], out:
         for layout in spec["layouts"]:
             torch.manual_seed(0)
             model = Llama(model_config(spec["preset"], spec["vocab"]))
-            _layout_model(model, layout, world)
+            _layout_model(model, layout, rank, world)
             spectra_dist.GRAM_ROUTE = layout != "fsdp2-whole"
             cfg = TrainConfig(preset=spec["preset"])
             opt = build_optimizer(model, cfg, lambda k: 1.0)
@@ -299,6 +280,7 @@ def traffic_model(preset: str, vocab: int, n: int, bytes_per: int = 4) -> dict[s
     from spectra.optim import distributed as spectra_dist
     from spectra_lab.model import Llama, model_config
     from spectra_lab.train.optimizers import DECAY_GROUPS, group_of
+    from spectra_lab.train.trainer import TP_PLAN
 
     with torch.device("meta"):
         model = Llama(model_config(preset, vocab))
@@ -333,6 +315,7 @@ class _Stub:
         self.device_mesh = type("Mesh", (), {"shape": mesh})()
         self.placements = placements
         self.dtype = dtype
+        self.device = torch.device("cpu")
 
 
 def _layouts_for(layouts: list[str], n: int) -> list[str]:
