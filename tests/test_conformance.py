@@ -160,10 +160,12 @@ def test_float32_state_loads_onto_float64_parameters(entry):
                 assert value.dtype == torch.float64, key
     run(opt64, p64, 1, start=2)
     run(opt32, p32, 1, start=2)
-    # One more step in float64 and in float32 from the same state: equal to float32 precision
-    # (SOAP's eigenbasis amplifies it to ~1e-3).
+    # One more step in float64 and in float32 from the same state: equal up to the float32
+    # clip's error (SOAP's eigenbasis amplifies rounding to ~1e-3; where the CPU has bf16
+    # units the float32 default clip is "mixed", at the bf16 floor of ~5e-3 per matrix, while
+    # float64 parameters keep the exact "eigh").
     for a, b in zip(p64, p32, strict=True):
-        torch.testing.assert_close(a.float(), b, rtol=1e-2, atol=1e-3)
+        assert float((a.float() - b).norm()) <= 1e-2 * float(b.norm()) + 1e-6
 
 
 @parametrize

@@ -617,9 +617,9 @@ def test_operators_page_native_bf16_tables_are_the_stored_runs():
         mine = {
             x["method"]: x for x in cells if (x["shape"], x["input"]) == (c["shape"], c["input"])
         }
-        ratios = " | ".join(f"{mine[m]['vs_paper_bf16']:.2f}" for m in ("auto", "polar", "mixed"))
+        ratios = " | ".join(f"{mine[m]['vs_paper_bf16']:.2f}" for m in ("auto", "eigh", "polar"))
         errs = " | ".join(
-            f"{mine[m]['rel_err']:.1e}" for m in ("auto", "polar", "mixed", "paper_bf16")
+            f"{mine[m]['rel_err']:.1e}" for m in ("auto", "eigh", "polar", "paper_bf16")
         )
         shape = c["shape"].replace("x", "×")
         row = next(line for line in doc.splitlines()

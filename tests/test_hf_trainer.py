@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import spectra
+from spectra.ops import soft_clip_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,7 +64,10 @@ def test_documented_callback_logs_spectra_to_the_trainer_and_changes_no_weight(t
     keys = logged[0].keys()
     assert any(k.endswith("/update_sigma_max") for k in keys)
     # the step's spectral norm stays within SPECTRA's bound α·η·c_k, as the monitor reports it
-    assert all(0.0 < h["spectral/max_step_norm_over_bound"] <= 1.0 + 1e-4 for h in logged)
+    # (to the default clip's accuracy: where it is "mixed", a CPU with bf16 units, its bf16
+    # steps put the largest singular value up to ~1% above c on these 16-wide matrices)
+    slack = 2e-2 if soft_clip_method("auto", torch.device("cpu")) == "mixed" else 1e-4
+    assert all(0.0 < h["spectral/max_step_norm_over_bound"] <= 1.0 + slack for h in logged)
 
 
 # --------------------------------------------------------------------------- docs/optimizers.md

@@ -11,6 +11,12 @@ from torch import nn
 
 import spectra
 from spectra.monitor import SpectralMonitor, spike_score, stable_rank, top_singular_values
+from spectra.ops import soft_clip_method
+
+#: How far above SPECTRA's bound α·η·c a step's spectral norm may be: the default clip is exact
+#: (eigh) or, for float32 on a CPU with bf16 units, "mixed", whose bf16 steps put the largest
+#: singular value of these small matrices up to ~1% above c (0.3% on 192 × 512)
+BOUND_SLACK = 2e-2 if soft_clip_method("auto", torch.device("cpu")) == "mixed" else 1e-6
 
 
 def planted(m: int, n: int, s: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -112,9 +118,9 @@ def test_step_norm_over_bound_at_most_one_for_adamw_soft_clip_and_c_k_is_clip_th
         assert c_k == pytest.approx(0.05 * (1.0 + 0.25 * step))
         for name in watched:
             assert out[f"spectral/{name}/clip_c"] == c_k
-            assert 0.0 < out[f"spectral/{name}/step_norm_over_bound"] <= 1 + 1e-6
+            assert 0.0 < out[f"spectral/{name}/step_norm_over_bound"] <= 1 + BOUND_SLACK
             assert out[f"spectral/{name}/clip_active_topk"] == 1.0  # Adam's U ≫ c: all clipped
-        assert out["spectral/max_step_norm_over_bound"] <= 1 + 1e-6
+        assert out["spectral/max_step_norm_over_bound"] <= 1 + BOUND_SLACK
         assert out["spectral/mean_clip_active_topk"] == 1.0
     assert seen == 3
 

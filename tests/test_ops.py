@@ -162,13 +162,79 @@ def test_soft_clip_mixed_stays_at_the_bf16_floor_for_any_spike(kind, spike, shap
 def test_soft_clip_mixed_runs_its_first_steps_exactly_until_the_spectrum_is_compressed():
     from spectra.ops.spectral import MIXED_BF16_FROM, _mixed_exact_steps
 
-    for alpha, exact in [(3.0, 1), (1e2, 1), (1e3, 1), (1e4, 2), (1e6, 4)]:
+    # ℓ_k = p_k(ℓ_{k-1}) from ℓ₀ = 1/√α, written out: the first ℓ_k ≥ 0.5 ends the exact steps
+    for alpha, exact in [(3.0, 0), (1e2, 1), (1e3, 2), (1e4, 3), (1e6, 5)]:
         ell = math.sqrt(1.0 / alpha)
         coeffs = inverse_sqrt_schedule(ell, 1e-3)
-        assert _mixed_exact_steps(coeffs, ell) == min(exact, len(coeffs))
-        for a, b, cc in coeffs[: exact - 1]:  # each exact step but the last leaves ℓ below the bar
-            ell = a * ell + b * ell**3 + cc * ell**5
+        assert _mixed_exact_steps(coeffs, ell) == exact
+        for a, b, cc in coeffs[:exact]:  # below the bar before each exact step, above after
             assert ell < MIXED_BF16_FROM
+            ell = a * ell + b * ell**3 + cc * ell**5
+        assert ell >= MIXED_BF16_FROM
+
+
+class _ProductFlops(torch.overrides.TorchFunctionMode):
+    """Flops of every matrix product run inside, by operand dtype."""
+
+    PRODUCTS = ("matmul", "__matmul__", "bmm", "baddbmm", "mm")
+
+    def __init__(self):
+        super().__init__()
+        self.flops: dict[torch.dtype, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.PRODUCTS:
+            A, B = (args[1], args[2]) if func.__name__ == "baddbmm" else (args[0], args[1])
+            batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+            flops = 2 * math.prod(batch) * A.shape[-2] * A.shape[-1] * B.shape[-1]
+            self.flops[A.dtype] = self.flops.get(A.dtype, 0) + flops
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("spike", [1.5, 10.0, 30.0, 100.0])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 40)])
+def test_mixed_flops_are_the_products_the_method_runs(monkeypatch, spike, shape):
+    from spectra.ops import _common, spectral
+    from spectra.ops._common import wide_view
+    from spectra.ops.spectral import _mixed_exact_steps
+    from spectra_lab.bench.ops import mixed_flops
+
+    # bf16 products as one product each, as on a device with bf16 units
+    monkeypatch.setattr(_common, "has_bf16_units", lambda device: True)
+    monkeypatch.setattr(spectral, "has_bf16_units", lambda device: True)
+    c = 0.7
+    X = spiked(shape, c, spike, kind="gauss")
+    with _ProductFlops() as counted:
+        soft_clip(X, c, method="mixed")
+    alpha = float(spectral._polar_gram(wide_view(X)[0], c, None).request[0])  # the call's α
+    ell = math.sqrt(1.0 / alpha)
+    coeffs = inverse_sqrt_schedule(ell, 1e-3)
+    full, half = mixed_flops(shape, len(coeffs), _mixed_exact_steps(coeffs, ell))
+    assert counted.flops.get(torch.float32, 0) == full
+    assert counted.flops.get(torch.bfloat16, 0) == half
+
+
+@pytest.mark.parametrize("spike", [0.5, 30.0, 1e3])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 40), (3, 32, 32)])
+def test_mixed_gram_factor_from_g_alone_gives_the_single_process_clip(spike, shape):
+    # the Gram route's factor (G scaled by a power of two near max G_ii, not max|X|) gives
+    # the same result as the call on X: powers of two scale exactly
+    from spectra.ops._common import wide_view
+    from spectra.ops.spectral import mixed_gram_factor
+
+    c = 0.7
+    X = spiked(shape, c, spike, kind="adam")
+    Xw, transposed = wide_view(X)
+    K = mixed_gram_factor(Xw @ Xw.mT, c)
+    if spike == 1e3:  # α > 1e5: the float32 G is too coarse, the float64 one is not
+        assert K is None
+        X64 = Xw.double()
+        K = mixed_gram_factor(X64 @ X64.mT, c)
+    Y = K.to(Xw.dtype) @ Xw
+    expected = soft_clip(X, c, method="mixed")
+    # float32: the same G to the bit; float64: G and its bounds agree, the α read differs
+    assert rel_err(Y.mT if transposed else Y, expected.double()) <= (1e-6 if spike < 1e3 else 1e-4)
+    assert rel_err(expected, soft_ref(X, c)) <= 1e-2
 
 
 def test_soft_clip_mixed_error_is_the_bf16_floor_not_the_polar_one():

@@ -22,6 +22,9 @@ def test_bench_ops_quick_writes_a_complete_table(tmp_path, capsys):
     rc = main([*args, "--out", str(out)])
     assert rc == 0
     payload = json.loads(out.read_text())
+    from spectra_lab.bench.precision import cpu_bf16
+
+    assert payload["cpu_bf16"] == cpu_bf16()  # the report says how this CPU runs bf16
     cells = payload["cells"]
     names = set(bench_ops.methods(1.0))
     n_groups = len(bench_ops.QUICK_SHAPES) * len(bench_ops.DTYPES) * 2

@@ -224,14 +224,20 @@ def _transient(make, shapes=MEM_SHAPES):
     return live_bytes(optimizer_tensors(ps, opt)), cpu_step_peak_bytes(opt.step), ps
 
 
-def test_native_step_peak_memory_within_10_percent_of_torch_adamw_foreach():
+@pytest.mark.parametrize(("method", "bound"), [("eigh", 1.10), ("mixed", 1.35)])
+def test_native_step_peak_memory_near_torch_adamw_foreach(method, bound):
+    # the exact route within 10% of torch's foreach AdamW; "mixed" (the default for float32 on
+    # CPUs with bf16 units) holds a few m × m temporaries per matrix of its larger batches, in
+    # float64 here (c = 0.01 puts α beyond 1e5): measured 1.27x
     resident_t, transient_t, _ = _transient(
         lambda ps: torch.optim.AdamW(ps, foreach=True, weight_decay=0.1)
     )
-    resident_s, transient_s, ps = _transient(lambda ps: so.AdamW(ps, clip_c=0.01))
+    resident_s, transient_s, ps = _transient(
+        lambda ps: so.AdamW(ps, clip_c=0.01, clip_method=method)
+    )
     # No state beyond AdamW's two moments (torch also keeps a 4-byte step tensor per param).
     assert resident_t - 4 * len(ps) <= resident_s <= resident_t
-    assert resident_s + transient_s <= 1.10 * (resident_t + transient_t)
+    assert resident_s + transient_s <= bound * (resident_t + transient_t)
     # torch's transient is one full-size temporary; ours is bounded by the chunks.
     param_bytes = sum(p.numel() * 4 for p in ps)
     assert transient_t >= param_bytes
@@ -241,16 +247,20 @@ def test_step_memory_on_the_threaded_path_measured_as_resident_set():
     # The path users run: two threads, so the clip's batches run side by side; each method in
     # a fresh process, its step's resident high-water mark above the interpreter's baseline.
     shapes = square_shapes(64, 256)
+    methods = ("torch-adamw", "torch-adamw-loop", "spectra-adamw-eigh", "spectra-adamw-mixed",
+               "spectra-adamw-chunked")  # fmt: skip
     peak = {
         m: rss_peak(m, shapes, dtype=torch.float32, clip_c=1.0, warmup=1, threads=2)
-        for m in ("torch-adamw", "torch-adamw-loop", "spectra-adamw", "spectra-adamw-chunked")
+        for m in methods
     }
     assert all(r["peak_bytes"] is not None for r in peak.values())
     state = 4 * sum(256 * 256 for _ in shapes) * 4  # parameters, gradients and two moments
     for r in peak.values():
         assert state <= r["resident_bytes"] <= state + 4 * len(shapes)  # + torch's step counts
     # Like for like: one parameter-sized transient each (foreach), or one chunk's.
-    assert peak["spectra-adamw"]["peak_bytes"] <= 1.10 * peak["torch-adamw"]["peak_bytes"]
+    assert peak["spectra-adamw-eigh"]["peak_bytes"] <= 1.10 * peak["torch-adamw"]["peak_bytes"]
+    # "mixed" runs its batches one after another, each with a few m × m temporaries per matrix
+    assert peak["spectra-adamw-mixed"]["peak_bytes"] <= 1.30 * peak["torch-adamw"]["peak_bytes"]
     assert (
         peak["spectra-adamw-chunked"]["peak_bytes"] <= 1.10 * peak["torch-adamw-loop"]["peak_bytes"]
     )
@@ -258,8 +268,12 @@ def test_step_memory_on_the_threaded_path_measured_as_resident_set():
 
 def test_wrapper_keeps_no_copy_of_the_parameters():
     shapes = [(64, 48)] * 30 + [(48,)] * 4
+    # the exact route, whose batches are 1/32 of the elements ("mixed" takes 1/8, see above)
     _, transient_w, ps = _transient(
-        lambda ps: so.Spectra(torch.optim.AdamW(ps, weight_decay=0.1), clip_c=0.01), shapes
+        lambda ps: so.Spectra(
+            torch.optim.AdamW(ps, weight_decay=0.1), clip_c=0.01, clip_method="eigh"
+        ),
+        shapes,
     )
     _, transient_p, _ = _transient(
         lambda ps: PaperWrapper(torch.optim.AdamW(ps, weight_decay=0.1), clip_c=0.01), shapes

@@ -25,6 +25,8 @@ OPTIMIZERS = {
     "Signum": lambda ps: so.Signum(ps, lr=1e-2, clip_c=0.3),
     "AdamW pre-clip": lambda ps: so.AdamW(ps, lr=1e-2, clip_c=0.3, pre_clip_c=2.0),
     "AdamW hard": lambda ps: so.AdamW(ps, lr=1e-2, clip_c=0.3, post="hard_clip"),
+    # the Gram route runs "mixed" itself from G (bf16 steps included), not the exact clip
+    "AdamW mixed": lambda ps: so.AdamW(ps, lr=1e-2, clip_c=0.3, clip_method="mixed"),
     # SGD-M: AdamW's first direction here has a singular value of 1e-9·σ_max, which the SVD
     # orthogonalizes to 1 and the Gram route (resolving σ down to 1.5e-8·σ_max) to 0
     "SGDM orth": lambda ps: so.SGDM(ps, lr=1e-2, post="orthogonalize"),

@@ -14,6 +14,12 @@ from spectra.ops._common import single_thread_lapack
 #: larger): the operators' float64 temporaries are several times their batch, and this keeps
 #: them at a small fraction of all the matrices.
 BATCH_FRACTION = 32
+#: The same for operators with products only (``op.matmul_only(X)``, the matmul-only soft
+#: clips), whose products run faster on larger batches; on the CPU their batches run one after
+#: another with the intra-op threads. Their temporaries are a few ``m × m`` matrices per matrix
+#: (``m ≤ n``): the main job's optimizer step took 92 ms at 1/32 and 75 ms at 1/8 on a 2-core
+#: CPU with bf16 units (docs/operators.md).
+MATMUL_BATCH_FRACTION = 8
 
 
 def _batches(mats: list[Tensor], max_elements: int) -> list[list[Tensor]]:
@@ -39,7 +45,8 @@ def batched_apply_(
     ``op`` maps a ``(B, m, n)`` batch to a tensor of the same shape (any operator of
     :mod:`spectra.ops`). Matrices that share shape, dtype and device are stacked into batches of
     at most ``max_elements`` elements (at least one matrix each; ``None``: the total over
-    :data:`BATCH_FRACTION`) and the results are copied back. The transient memory of a call is
+    :data:`BATCH_FRACTION`, or over :data:`MATMUL_BATCH_FRACTION` for an ``op`` whose
+    ``matmul_only(X)`` is true) and the results are copied back. The transient memory of a call is
     one batch, its stack and ``op``'s own temporaries (off the CPU, see
     :func:`batched_apply_all_`).
 
@@ -52,8 +59,10 @@ def batched_apply_(
     intra-op threads at these sizes; running batches side by side is what uses the cores
     (docs/operators.md). Each batch is computed on one thread, so results do not depend on the
     scheduling. The thread count is process-wide: other torch work in the process runs
-    single-threaded meanwhile. A call with a single batch, and every call while the PyTorch
-    profiler is on, runs on the calling thread (where the profiler sees it) with its threads.
+    single-threaded meanwhile. The batches of a matmul-only ``op`` run one after another, each
+    with the intra-op threads, which its products use. A call with a single batch, and every
+    call while the PyTorch profiler is on, runs on the calling thread (where the profiler sees
+    it) with its threads.
     """
     batched_apply_all_([(op, matrices)], max_elements=max_elements)
 
@@ -67,7 +76,7 @@ def batched_apply_all_(
     r"""``X ← op(X)`` for every ``(op, matrices)`` job, each batched as by
     :func:`batched_apply_`, with one host read for all the operators that need one.
 
-    An ``op`` whose ``deferred(device)`` is true (such as
+    An ``op`` whose ``deferred(X)`` is true for a batch's matrices (such as
     :class:`spectra.optim.chain.SpectralOp` for a soft clip by ``"polar"`` or ``"mixed"``, which
     reads α on the host) runs in two passes over its batches: ``begin(X)`` on each (device work;
     ``pending.request`` is a 1-D float64 tensor of what it must read), one
@@ -88,12 +97,16 @@ def batched_apply_all_(
     deferred, direct = [], []
     for op, mats in jobs:
         mats = list(mats)
-        cap = max_elements or -(-sum(X.numel() for X in mats) // BATCH_FRACTION)
+        matmul_only = getattr(op, "matmul_only", None)
+        fraction = BATCH_FRACTION
+        if mats and matmul_only is not None and matmul_only(mats[0]):
+            fraction = MATMUL_BATCH_FRACTION
+        cap = max_elements or -(-sum(X.numel() for X in mats) // fraction)
         later = getattr(op, "deferred", None)
         for batch in _batches(mats, cap):
-            if later is not None and later(batch[0].device):
+            if later is not None and later(batch[0]):
                 deferred.append((op, batch))
-        direct.append((op, [X for X in mats if later is None or not later(X.device)], cap))
+        direct.append((op, [X for X in mats if later is None or not later(X)], cap))
     with torch.set_grad_enabled(grad):
         pending = [op.begin(_stack(batch)) for op, batch in deferred]
     requests = [p.request for p in pending]
@@ -115,8 +128,10 @@ def batched_apply_all_(
         # with threads, the CPU's batches run side by side; the others one after another
         side: list[Tensor] = []
         rest: list[Tensor] = []
+        matmul_only = getattr(op, "matmul_only", None)
         for X in mats:
-            (side if threads > 1 and X.device.type == "cpu" else rest).append(X)
+            whole = matmul_only is not None and matmul_only(X)  # its products use the threads
+            (side if threads > 1 and X.device.type == "cpu" and not whole else rest).append(X)
         for batch in _batches(rest, cap):
             _apply(op, batch, grad)
         _apply_on_cpu(op, side, cap, grad, threads)

@@ -8,10 +8,17 @@ applies ``K`` to its own columns (:mod:`spectra.optim.distributed`, the Gram rou
 
 :func:`gram_factor` returns ``K`` for a batch of Gram matrices:
 
-* ``soft_clip`` and ``hard_clip`` (every method) and ``orthogonalize`` by ``"svd"``/``"auto"``:
+* ``soft_clip`` by ``"mixed"`` (and by ``"auto"`` where it picks ``"mixed"``): the same
+  iteration as the single-process call, which after forming G sees only G
+  (:func:`spectra.ops.spectral.mixed_gram_factor`), so a sharded run equals the unsharded
+  one up to the rounding of G's sum.
+* ``soft_clip`` by any other method, ``hard_clip`` and ``orthogonalize`` by ``"svd"``/``"auto"``:
   the exact weights ``φ(σ)/σ`` from the float64 eigendecomposition of ``G``. For the
-  soft clip's matmul-only methods (``"polar"``, ``"mixed"``, ``"paper"``) this is the exact
-  clip, to which those methods are approximations (``"polar"`` within 1e-3).
+  soft clip's other matmul-only methods (``"polar"``, ``"paper"``) this is the exact clip, to
+  which those methods are approximations (``"polar"`` within 1e-3).
+
+Where a float32 ``G`` is too coarse for the clip (the single-process route would work in
+float64), :func:`gram_factor` returns ``None`` and the caller passes the float64 ``G``.
   ``orthogonalize`` maps the directions with ``σ ≤ √ε₆₄·σ_max`` to zero (their σ² is below
   the rounding of the eigendecomposition); the SVD keeps those above ``max(m, n)·ε₆₄·σ_max``.
 * ``orthogonalize`` by ``"muon"`` and ``"polar_express"``: the same quintic iteration, carried
@@ -34,7 +41,14 @@ from torch import Tensor
 
 from spectra.ops._common import single_thread_lapack
 from spectra.ops.polar import ORTH_COEFFS
-from spectra.ops.spectral import MUON_NS_COEFFS, _hard_weight, _soft_weight
+from spectra.ops.spectral import (
+    EIGH_FP32_MAX_RATIO2,
+    MUON_NS_COEFFS,
+    _hard_weight,
+    _soft_weight,
+    mixed_gram_factor,
+    soft_clip_method,
+)
 
 #: Directions with σ ≤ ORTH_GRAM_TOL·σ_max are dropped by the Gram route's orthogonalization:
 #: the float64 eigendecomposition of G resolves σ² only to about ε₆₄·σ²_max.
@@ -78,15 +92,23 @@ def gram_factor(
     method: str = "auto",
     ns_steps: int | None = None,
     ns_dtype: torch.dtype | None = None,
-) -> Tensor:
+    source_dtype: torch.dtype | None = None,
+) -> Tensor | None:
     r"""``K`` with ``op(X) = K·X`` for every X with ``XXᵀ = G`` (and ``op(X) = X·K`` for
     ``XᵀX = G``), batched over the leading dimensions of the symmetric ``G``; float64 for the
-    exact weights, the working precision for the Newton–Schulz-type methods.
+    exact weights, the working precision for the iterations.
 
     ``kind`` is ``"soft_clip"``, ``"hard_clip"`` or ``"orthogonalize"`` with its threshold
     ``c`` and the arguments of that operator (see the module docstring for which method gives
-    what).
+    what); ``source_dtype`` is the dtype of the matrices G comes from (default: G's), which
+    ``"auto"`` resolves with. ``None`` when a float32 G is too coarse for the clip (the
+    single-process route would work in float64: ``(σ_max/c)² > 1e4`` for the exact weights,
+    ``α > 1e5`` for ``"mixed"``).
     """
+    if kind == "soft_clip":
+        resolved = soft_clip_method(method, G.device, source_dtype or G.dtype)
+        if resolved == "mixed":
+            return mixed_gram_factor(G, c, source_dtype=source_dtype)
     if kind == "orthogonalize" and method in ("muon", "polar_express"):
         trace = torch.diagonal(G.to(torch.float64), dim1=-2, dim2=-1).sum(-1).clamp_min(0)
         if method == "muon":
@@ -105,4 +127,8 @@ def gram_factor(
     with single_thread_lapack(G64.device):
         mu, Q = torch.linalg.eigh(G64)
     sigma = mu.clamp_min(0.0).sqrt()
+    if G.dtype == torch.float32 and kind != "orthogonalize":
+        # the bound of the single-process eigh route: float32 G resolves (σ_max/c)² ≤ 1e4
+        if float(mu[..., -1].amax()) > EIGH_FP32_MAX_RATIO2 * c * c:
+            return None
     return (Q * _weights(kind, sigma, c).unsqueeze(-2)) @ Q.mT

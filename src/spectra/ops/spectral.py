@@ -37,6 +37,7 @@ from spectra.ops._common import (
     check_threshold,
     compute_dtype,
     fp32_products_are_ieee,
+    has_bf16_units,
     single_thread_lapack,
     split_bf16_matmul,
     wide_view,
@@ -75,9 +76,10 @@ POLAR_MAX_ALPHA = {
 }
 
 # soft_clip_mixed runs its steps in bf16 once every singular value of the iterate is at
-# least this (relative to the largest, ≈ 1): bf16 rounding then costs each direction at most
-# ≈ 2⁻⁹/MIXED_BF16_FROM of its size.
-MIXED_BF16_FROM = 0.2
+# least this (relative to the largest, ≈ 1): the matrix its bf16 steps invert is then
+# conditioned by at most 1/MIXED_BF16_FROM² = 4 (0.2 and 0.3 measured up to 1.2e-2 error at
+# σ_max/c = 1e5, 0.5 at most 6.5e-3; docs/operators.md).
+MIXED_BF16_FROM = 0.5
 
 # Method "eigh" sums the Gram matrix over GRAM_BLOCKS column blocks (of at least
 # GRAM_MIN_BLOCK columns), so that its scaled float64 copy of X is an eighth of X at a time.
@@ -201,15 +203,22 @@ def _spectral_map_svd(X: Tensor, phi) -> Tensor:
     return ((U * phi(S).unsqueeze(-2)) @ Vh).to(X.dtype)
 
 
-def soft_clip_method(method: str, device: torch.device) -> str:
-    """The method ``soft_clip(..., method=method)`` runs on ``device``: ``"auto"`` resolved."""
-    return _default_method(device) if method == "auto" else method
+def soft_clip_method(method: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The method ``soft_clip(..., method=method)`` runs for a ``dtype`` input on ``device``:
+    ``"auto"`` resolved."""
+    return _default_method(device, dtype) if method == "auto" else method
 
 
-def _default_method(device: torch.device) -> str:
-    # On CPU, eigh of the small Gram matrix in float64 is exact and cheaper than any
-    # Newton–Schulz schedule; on GPUs, matmul-only iterations win (docs/operators.md).
-    return "polar" if device.type == "cuda" else "eigh"
+def _default_method(device: torch.device, dtype: torch.dtype) -> str:
+    # float32/bf16 input on a CPU with bf16 units (AMX, AVX-512 BF16): "mixed", the fastest
+    # there at the bf16 floor of error (4-6e-3); elsewhere on CPU, eigh of the small Gram matrix
+    # (exact, cheaper than any float32 iteration); on CUDA, "polar" (measured on an H100;
+    # docs/operators.md). float64 input keeps an exact method.
+    if device.type == "cuda":
+        return "polar"
+    if dtype != torch.float64 and has_bf16_units(device):
+        return "mixed"
+    return "eigh"
 
 
 def _default_hard_method(X: Tensor) -> str:
@@ -246,7 +255,8 @@ def soft_clip(
     Args:
         X: tensor whose last two dimensions are the matrix; 1-D tensors use the vector rule.
         c: threshold, finite and > 0.
-        method: ``"auto"`` (default: ``"polar"`` on CUDA, ``"eigh"`` elsewhere),
+        method: ``"auto"`` (default: ``"polar"`` on CUDA; on a CPU, ``"mixed"`` for float32
+            and bf16 input where the CPU has bf16 units, ``"eigh"`` otherwise),
             ``"eigh"`` (exact: float64 eigh of the smaller Gram matrix), ``"svd"`` (exact:
             float64 SVD), ``"polar"`` (matmul-only: coupled minimax-polynomial iteration for
             the inverse square root, see :func:`soft_clip_polar`), or ``"paper"``
@@ -261,7 +271,7 @@ def soft_clip(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    method = soft_clip_method(method, X.device)
+    method = soft_clip_method(method, X.device, X.dtype)
     if X.dim() > 1 and method == "polar":
         return soft_clip_polar(X, c, tol=tol, dtype=ns_dtype)
     if X.dim() > 1 and method == "mixed":
@@ -314,7 +324,7 @@ def soft_clip_begin(
     all of them. The arguments are checked here, as by :func:`soft_clip`."""
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    method = soft_clip_method(method, X.device)
+    method = soft_clip_method(method, X.device, X.dtype)
     if method in ("polar", "mixed"):
         _check_tol(tol)
     pending = SoftClipPending(
@@ -336,11 +346,12 @@ def soft_clip_end(X: Tensor, pending: SoftClipPending, values: Sequence[float]) 
             X, p.c, method=p.method, ns_steps=p.ns_steps, ns_dtype=p.ns_dtype, tol=p.tol
         )
     Xw, transposed = wide_view(X)
+    dtype = p.ns_dtype if p.method == "polar" else None
+    p.gram, values = _polar_regram(Xw, p.c, p.gram, values, dtype)
+    plan = _polar_decide(Xw, p.gram, values, p.tol, dtype, float32_last=p.method == "mixed")
     if p.method == "polar":
-        plan = _polar_decide(Xw, p.gram, values, p.tol, p.ns_dtype)
         return _orient(_polar_run(Xw, p.c, plan).to(X.dtype), transposed)
-    plan = _polar_decide(Xw, p.gram, values, p.tol, None)
-    return _orient(_mixed_run(Xw, p.c, plan).to(X.dtype), transposed)
+    return _mixed_run(p.c, plan, transposed).to(X.dtype)
 
 
 def soft_clip_with_norm(
@@ -369,7 +380,7 @@ def soft_clip_with_norm(
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    method = soft_clip_method(method, X.device)
+    method = soft_clip_method(method, X.device, X.dtype)
     batch = X.shape[:-2] if X.dim() > 1 else ()
     if X.dim() == 1:
         check_finite(X)
@@ -404,14 +415,20 @@ def _check_tol(tol: float) -> None:
 
 def _pow2_scale(X: Tensor) -> Tensor:
     """Per-matrix power of two near ``max|X|`` (float64, 1 for all-zero matrices)."""
-    amax = X.abs().amax(dim=(-2, -1), keepdim=True).to(torch.float64)
+    Y = X if X.is_contiguous() or not X.mT.is_contiguous() else X.mT  # same entries
+    if Y.is_contiguous() and Y.numel():  # one pass, no |X| copy
+        lo, hi = Y.reshape(*Y.shape[:-2], -1).aminmax(dim=-1)
+        lo, hi = lo[..., None, None], hi[..., None, None]
+    else:
+        lo, hi = Y.amin(dim=(-2, -1), keepdim=True), Y.amax(dim=(-2, -1), keepdim=True)
+    amax = torch.maximum(-lo, hi).to(torch.float64)
     safe = torch.where(amax > 0, amax, torch.ones_like(amax))
     return torch.exp2(torch.floor(torch.log2(safe)))
 
 
 @dataclass
 class _PolarPlan:
-    Xh: Tensor  # X / scale in the Gram precision
+    Xh: Tensor | None  # X / scale in the Gram precision (X itself when x_inv is set)
     G: Tensor  # Xh Xhᵀ
     G2: Tensor  # G²
     scale: Tensor  # power of two per matrix (float64)
@@ -422,6 +439,7 @@ class _PolarPlan:
     alpha: float  # largest α over the batch
     dtype: torch.dtype  # working precision of the iteration
     coeffs: tuple[tuple[float, float, float], ...]  # the quintics to run
+    x_inv: Tensor | None  # Xh is X itself, to be multiplied by x_inv (see _PolarGram)
 
 
 @dataclass
@@ -438,26 +456,55 @@ class _PolarGram:
     dtype: torch.dtype  # precision of G
     split: bool  # G from split bf16 products
     exact: bool  # float64 wherever the default would choose
-    request: Tensor  # float64 (2,) on the device: the largest α, whether the input was finite
+    c: float  # the threshold
+    # float32 G formed from X itself, then scaled by x_inv² (no scaled copy of X); per-matrix
+    # 1/scale (float64, shape (..., 1, 1)), or None for G from X/scale
+    x_inv: Tensor | None
+    # float64 (3,) on the device: the largest α, whether the input was finite, whether X's
+    # scale let G be formed from X itself (see _DIRECT_RANGE)
+    request: Tensor
 
 
 def _polar_xh(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-    return (Xw.to(torch.float64) / scale).to(dtype)  # exact: scale is a power of two
+    """``X/scale`` in ``dtype``, exact up to the final rounding (scale is a power of two)."""
+    if dtype == torch.float32 and Xw.dtype != torch.float64:
+        # float32 passes: inv = 1/scale ∈ [2⁻¹²⁷, 2¹⁴⁹] is split into two float32 powers of two;
+        # the first product rounds like the float64 route, the second (≥ 1) is then exact
+        inv = scale.reciprocal()
+        first = inv.clamp(max=2.0**100)
+        return torch.mul(Xw, first.to(torch.float32)).mul_((inv / first).to(torch.float32))
+    return (Xw.to(torch.float64) / scale).to(dtype)
 
 
-def _polar_grams(Xh: Tensor, split: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``G = X̂X̂ᵀ``, ``G²`` and ``s²_max = min(‖G‖_F, max_i Σ_j |G_ij|, ‖G²‖_F^{1/2})``."""
+def _polar_grams(
+    Xh: Tensor, split: bool, x_inv: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and
+    ``s²_max = min(‖G‖_F, max_i Σ_j |G_ij|, ‖G²‖_F^{1/2})`` (float64)."""
     mm = split_bf16_matmul if split else torch.matmul
     G = mm(Xh, Xh.mT)
+    if x_inv is not None:
+        G.mul_((x_inv * x_inv).to(G.dtype))
+    return _gram_square_and_bound(G, mm)
+
+
+def _gram_square_and_bound(G: Tensor, mm=torch.matmul) -> tuple[Tensor, Tensor, Tensor]:
+    """``(G, G², s²_max)`` with ``s²_max = min(max_i Σ_j |G_ij|, ‖G²‖_F^{1/2}) ≥ λ_max``
+    (float64; ``‖G²‖_F^{1/2} ≤ ‖G‖_F``, so the Frobenius norm of G would not tighten it). The
+    norms are taken in G's precision: rounding can put the bound ~1e-7 below λ_max, which the
+    quintics' cushion above 1 absorbs."""
     G2 = mm(G, G)
-    G64 = G.to(torch.float64)
-    fro = torch.linalg.matrix_norm(G64, ord="fro")
-    gersh = G64.abs().sum(dim=-1).amax(dim=-1)
-    fro2 = torch.linalg.matrix_norm(G2.to(torch.float64), ord="fro").sqrt()
-    return G, G2, torch.minimum(torch.minimum(fro, gersh), fro2)
+    gersh = torch.linalg.matrix_norm(G, ord=float("inf"))
+    fro2 = torch.linalg.matrix_norm(G2, ord="fro").sqrt()
+    return G, G2, torch.minimum(gersh, fro2).to(torch.float64)
 
 
-def _polar_gram(Xw: Tensor, c: float, dtype: torch.dtype | None) -> _PolarGram:
+# Scales (powers of two near max|X|) for which a float32 X·Xᵀ can neither overflow nor lose
+# terms to underflow: G is then formed from X itself and scaled afterwards.
+_DIRECT_RANGE = (2.0**-40, 2.0**40)
+
+
+def _polar_gram(Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = True) -> _PolarGram:
     """The part of a polar call before its host read; no host synchronisation."""
     scale = _pow2_scale(Xw)
     split = dtype == torch.bfloat16  # split bf16 products while α ≤ POLAR_SPLIT_MAX_ALPHA
@@ -465,7 +512,29 @@ def _polar_gram(Xw: Tensor, c: float, dtype: torch.dtype | None) -> _PolarGram:
     if dtype in (None, torch.bfloat16) and not fp32_products_are_ieee(Xw.device):
         exact = True  # TF32 or bf16 float32 products cannot form the Gram matrix
     first = torch.float64 if exact and not split else torch.float32
-    G, G2, lam = _polar_grams(_polar_xh(Xw, scale, first), split)
+    x_inv = None
+    in_range = torch.ones((), dtype=torch.bool, device=Xw.device)
+    if direct and first == torch.float32 and Xw.dtype != torch.float64:
+        x_inv = scale.reciprocal()
+        in_range = ((scale >= _DIRECT_RANGE[0]) & (scale <= _DIRECT_RANGE[1])).all()
+        G, G2, lam = _polar_grams(Xw.to(torch.float32), split, x_inv)
+    else:
+        G, G2, lam = _polar_grams(_polar_xh(Xw, scale, first), split)
+    return _polar_bounds(G, G2, lam, scale, c, split, exact, x_inv, in_range)
+
+
+def _polar_bounds(
+    G: Tensor,
+    G2: Tensor,
+    lam: Tensor,
+    scale: Tensor,
+    c: float,
+    split: bool,
+    exact: bool,
+    x_inv: Tensor | None,
+    in_range: Tensor,
+) -> _PolarGram:
+    """α and the weights of M̂ from the scaled Gram matrix ``G`` and its bound ``lam``."""
     # r² = s²_max/c² in the original units; α = 1 + r². Everything below stays finite for
     # any finite X and c: w_id = 1/α and w_G = (1 − 1/α)/s²_max (scaled units).
     scale0 = scale.squeeze(-1).squeeze(-1)
@@ -477,17 +546,40 @@ def _polar_gram(Xw: Tensor, c: float, dtype: torch.dtype | None) -> _PolarGram:
     # α for the schedule, and whether the input was finite (an inf or nan entry makes the
     # scale or the Gram matrix non-finite)
     finite = torch.isfinite(scale).all() & torch.isfinite(lam).all()
-    request = torch.stack([(1.0 / w_id.clamp_min(1e-300)).max(), finite.to(torch.float64)])
-    return _PolarGram(G, G2, scale, r, w_id, w_g, lam_safe, first, split, exact, request)
+    alpha = (1.0 / w_id.clamp_min(1e-300)).max()
+    request = torch.stack([alpha, finite.to(torch.float64), in_range.to(torch.float64)])
+    return _PolarGram(
+        G, G2, scale, r, w_id, w_g, lam_safe, G.dtype, split, exact, c, x_inv, request
+    )
+
+
+def _polar_regram(
+    Xw: Tensor, c: float, g: _PolarGram, values: Sequence[float], dtype: torch.dtype | None
+) -> tuple[_PolarGram, Sequence[float]]:
+    """``(g, values)``, or the Gram matrix from X/scale and its request when X's scale kept G
+    from being formed from X itself (a second host read, for extreme scales only)."""
+    if g.x_inv is None or values[2]:
+        return g, values
+    check_finite(Xw)
+    g = _polar_gram(Xw, c, dtype, direct=False)
+    return g, g.request.tolist()
 
 
 def _polar_decide(
-    Xw: Tensor, g: _PolarGram, values: Sequence[float], tol: float, dtype: torch.dtype | None
+    Xw: Tensor | None,
+    g: _PolarGram,
+    values: Sequence[float],
+    tol: float,
+    dtype: torch.dtype | None,
+    float32_last: bool = False,
 ) -> _PolarPlan:
-    """Working precision and schedule from the host read ``values`` (``g.request``)."""
-    alpha_max, ok = values
-    if not ok:
-        check_finite(Xw)
+    """Working precision and schedule from the host read ``values`` (``g.request``); with
+    ``Xw=None`` (a factor from the Gram matrix alone) no ``Xh``, and G must be fine as it is.
+    ``float32_last``: ``Xh`` is X itself in float32 (not float64) for non-float64 input, for a
+    last product in float32 whatever the working precision."""
+    alpha_max, ok, in_range = values
+    if not (ok and in_range):
+        check_finite(Xw if Xw is not None else g.G, "X" if Xw is not None else "G")
     if g.split and alpha_max <= POLAR_SPLIT_MAX_ALPHA:
         wd = torch.bfloat16
     elif dtype is not None and not g.split:
@@ -496,22 +588,32 @@ def _polar_decide(
         wd = torch.float64
     else:
         wd = torch.float32
-    G, G2 = g.G, g.G2
-    if wd != torch.bfloat16 and (g.split or wd != g.dtype):
-        # the split Gram matrix is not accurate enough here
-        G, G2, _ = _polar_grams(_polar_xh(Xw, g.scale, wd), False)
-    Xh = _polar_xh(Xw, g.scale, torch.float32 if wd == torch.bfloat16 else wd)
+    if Xw is not None and wd != torch.bfloat16 and (g.split or wd != g.dtype):
+        # the first Gram matrix is not accurate enough here: G (from X/scale in column blocks),
+        # its bounds and the weights again in wd, on the device (the schedule keeps the α read
+        # from the first one)
+        G, scale = _scaled_gram(Xw, wd)
+        ones = torch.ones((), dtype=torch.bool, device=G.device)
+        g = _polar_bounds(*_gram_square_and_bound(G), scale, g.c, False, g.exact, None, ones)
+    G, G2, x_inv, Xh = g.G, g.G2, g.x_inv, None
+    if Xw is not None:
+        if x_inv is None and float32_last and Xw.dtype != torch.float64:
+            x_inv = g.scale.reciprocal()
+        Xh = Xw.to(torch.float32) if x_inv is not None else _polar_xh(Xw, g.scale, g.dtype)
     w_floor = 1.0 / POLAR_MAX_ALPHA.get(wd, 1e2)
     coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
     w_id = g.w_id.clamp_min(w_floor)
-    return _PolarPlan(Xh, G, G2, g.scale, g.r, w_id, g.w_g, g.lam_safe, alpha_max, wd, coeffs)
+    return _PolarPlan(
+        Xh, G, G2, g.scale, g.r, w_id, g.w_g, g.lam_safe, alpha_max, wd, coeffs, x_inv
+    )
 
 
 def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> _PolarPlan:
     """Scale, Gram matrices, α bound, working precision and schedule for ``soft_clip_polar``;
     the call's one host synchronisation reads α and whether the input was finite."""
     g = _polar_gram(Xw, c, dtype)
-    return _polar_decide(Xw, g, g.request.tolist(), tol, dtype)
+    g, values = _polar_regram(Xw, c, g, g.request.tolist(), dtype)
+    return _polar_decide(Xw, g, values, tol, dtype)
 
 
 def polar_steps(
@@ -591,34 +693,38 @@ def _polar_run(Xw: Tensor, c: float, plan: _PolarPlan) -> Tensor:
     scale0 = scale.squeeze(-1).squeeze(-1)
     finite_factor = scale0 / torch.hypot(torch.ones_like(r), r)
     factor = torch.where(torch.isinf(r), c / lam_safe.sqrt(), finite_factor)[..., None, None]
+    if plan.x_inv is not None:
+        factor = factor * plan.x_inv
     return mm(Z, Xh.to(store)).to(torch.float64) * factor
 
 
 def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
-    r"""``H_c(X)`` by a polar iteration on ``[X/c, I]`` whose steps after the first run in bf16.
+    r"""``H_c(X)`` by the coupled iteration of :func:`soft_clip_polar`, its first steps in
+    float32 and the rest in bf16 on a well-conditioned matrix.
 
-    ``H_c(X)/c`` is the first block of the polar factor of the ``m × (n+m)`` matrix
-    ``B = [X/c, I]`` (``m ≤ n``): ``BBᵀ = M = I + XXᵀ/c²``, and
-    ``M^{-1/2}B = [M^{-1/2}X/c, M^{-1/2}]``. With ``α`` and the quintics ``p_k`` of
-    :func:`soft_clip_polar` (the singular values of ``B₀ = B/√α`` lie in ``[1/√α, 1]``),
-    each step sets ``E = BBᵀ``, ``Q = aI + bE + cE²`` and ``B ← QB``, mapping every singular
-    value ``s`` to ``p_k(s)``; at the end ``H_c(X) = c·B₁`` (``B₁``: the first ``n`` columns).
+    With ``M̂ = (I + XXᵀ/c²)/α`` (eigenvalues in ``[1/α, 1]``) and the quintics ``p_k`` of
+    :func:`soft_clip_polar`, the first ``e`` steps of the coupled iteration run in the Gram
+    matrix's precision (float32; float64 where :func:`soft_clip_polar` would use it) and give
+    ``Z_e = p_e(…)·…·p_1(M̂)`` and ``E = Z_e M̂ Z_e``, whose eigenvalues ``s_e²`` lie in
+    ``[ℓ_e², 1]``. ``e`` is the first step with ``ℓ_e ≥ MIXED_BF16_FROM`` (0.5), so E is
+    conditioned by at most 4 whatever α is. The remaining quintics run in bf16 on E alone
+    (:func:`spectra.ops.polar.coupled_inverse_sqrt`, bf16 products, float32 sums), giving
+    ``W ≈ E^{-1/2}``; then ``K = W Z_e ≈ M̂^{-1/2}`` (all factors are functions of M̂) and
+    ``H_c(X) = K X/√α``, both products in the Gram matrix's precision.
 
-    Precision: the Gram matrix ``XXᵀ``, ``M̂²`` and the first step ``QB₀`` run in float32
-    (float64 where :func:`soft_clip_polar` would use it: α > 1e5, TF32 or bf16 float32
-    products, float64 input); every later product runs in bf16 with float32 accumulation
-    (:func:`spectra.ops._common.bf16_matmul`). The first step must be exact: rounding X to
-    bf16 moves the bulk of the spectrum by ``≈ 4e-3·σ_max``, which is the paper's error on a
-    spiked input, while after one step the spike's singular value is ≈ 1 and the bulk's has
-    grown by the quintic's slope (≈ 3 to 8), so later rounding costs ``≈ 4e-3`` of ``‖H_c‖``
-    whatever α is. A polynomial step cannot undo an earlier step's rounding (it acts on the
-    rounded iterate), so a float32 step at the end would not restore accuracy; the error is
-    the bf16 floor, measured at 3–9e-3 for α up to 1e6 (docs/operators.md), against 5e-4 for
-    ``method="polar"``.
+    Why the split keeps the error at the bf16 floor for any α: an error δW of W (a few bf16
+    roundings relative to ‖W‖ ≤ 2) enters H as ``δW·(Z_e X/√α)``, and ``Z_e X/√α`` has singular
+    values at most 1 (relative to c), so it moves every direction by about that much — not by
+    ``σ_max/c`` times as much, which is the paper's bf16 error on a spike (its Newton–Schulz
+    iterate carries the whole dynamic range of ``M^{-1/2}``). The measured error is 4–7e-3 for
+    σ_max/c from 1 to 1e5 (docs/operators.md), against 5e-4 for ``method="polar"``. The Gram
+    matrix and the last product stay in float32: rounding X or K to bf16 would move the bulk of
+    the spectrum by ``≈ 4e-3·σ_max``.
 
-    Cost for ``K`` steps, ``m ≤ n``: float32 ``2m²n`` (Gram), ``2m³`` (``M̂²``) and ``2m²n``
-    (first step); bf16 ``(K−1)·(4m²(n+m) + 2m³)``. The paper's Algorithm 1 (``N_s = 10``) takes
-    ``4m²n + 60m³`` in bf16. One host synchronisation per call, as in :func:`soft_clip_polar`.
+    Cost for ``K`` steps of which ``e`` exact, ``m ≤ n``: ``2m²n`` twice (Gram matrix, last
+    product) and ``2m³`` times ``4e`` (``G²``, the exact steps, ``K = W Z_e``) in float32;
+    ``(4(K−e) − 2)·2m³`` in bf16. The paper's Algorithm 1 (``N_s = 10``) takes ``4m²n + 60m³``
+    in bf16. One host synchronisation per call, as in :func:`soft_clip_polar`.
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
@@ -631,43 +737,125 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     return soft_clip_end(X, pending, pending.request.tolist())  # rejects non-finite input
 
 
-def _mixed_run(Xw: Tensor, c: float, plan: _PolarPlan) -> Tensor:
-    """The iteration of ``soft_clip_mixed`` on the wide ``Xw`` (float64 result)."""
+def _mixed_run(c: float, plan: _PolarPlan, transposed: bool) -> Tensor:
+    """``soft_clip_mixed`` of the matrix whose wide view is ``plan.Xh`` (in Xh's precision):
+    ``K·Xh``, or ``Xhᵀ·Kᵀ`` in the input's own layout when the wide view is its transpose."""
+    K = _mixed_factor(c, plan).to(plan.Xh.dtype)
+    return plan.Xh.mT @ K.mT if transposed else K @ plan.Xh
+
+
+def mixed_gram_factor(
+    G: Tensor, c: float, *, tol: float = POLAR_TOL, source_dtype: torch.dtype | None = None
+) -> Tensor | None:
+    r"""``K`` with ``soft_clip(X, c, method="mixed") = K·X`` for every X with ``XXᵀ = G``: the
+    same iteration as :func:`soft_clip_mixed` (whose steps after forming G see only G), from
+    G alone, for the Gram route of sharded matrices (:mod:`spectra.optim.distributed`).
+
+    G (float32 or float64, batched) is scaled by a power of two near its largest diagonal entry
+    instead of ``max|X|``; powers of two scale exactly, so K equals the single-process one for
+    the same G. Returns ``None`` where :func:`soft_clip_mixed` on ``source_dtype`` matrices
+    (default: G's dtype) would work in float64 (α > 1e5, or float64 input) but G is float32:
+    the caller then passes the float64 Gram matrix. One host read (α).
+    """
+    c = check_threshold(c, "c")
+    _check_tol(tol)
+    exact = G.dtype == torch.float64
+    dmax = G.diagonal(dim1=-2, dim2=-1).amax(dim=-1)[..., None, None].to(torch.float64)
+    safe = torch.where(dmax > 0, dmax, torch.ones_like(dmax))
+    scale = torch.exp2(torch.floor(0.5 * torch.log2(safe)))  # ≈ √max G_ii, a power of two
+    x_inv = scale.reciprocal()
+    in_range = torch.ones((), dtype=torch.bool, device=G.device)
+    Gs, G2, lam = _gram_square_and_bound(G * (x_inv * x_inv).to(G.dtype))
+    g = _polar_bounds(Gs, G2, lam, scale, c, False, exact, x_inv, in_range)
+    values = g.request.tolist()
+    wants64 = source_dtype == torch.float64 or values[0] > POLAR_FP32_MAX_ALPHA
+    if wants64 and not exact:
+        return None
+    return _mixed_factor(c, _polar_decide(None, g, values, tol, None))
+
+
+def _mixed_factor(c: float, plan: _PolarPlan) -> Tensor:
+    """``K`` (in the plan's dtype) with ``H_c(X) = K·plan.Xh`` for ``soft_clip_mixed``."""
     wd, coeffs = plan.dtype, plan.coeffs
-    # B₀ = [√w_G·X̂, √w_I·I] with X̂ = X/scale and w_G = 1/((c/scale)² + s²_max) = scale²·w_I/c²,
-    # through hypot: finite for tiny and huge c, 1/s_max when s_max/c overflows.
     scale0 = plan.scale.squeeze(-1).squeeze(-1)
-    root_g = torch.hypot(c / scale0, plan.lam_safe.sqrt()).reciprocal()
-    wi, wg = plan.w_id[..., None, None], (root_g * root_g)[..., None, None]
-    P = plan.Xh.to(torch.float64) * root_g[..., None, None]
+    # H = K·X̂·scale/√α, and scale/√α = scale/hypot(1, r), or c/√s²_max when r overflowed
+    finite_factor = scale0 / torch.hypot(torch.ones_like(plan.r), plan.r)
+    factor = torch.where(torch.isinf(plan.r), c / plan.lam_safe.sqrt(), finite_factor)
+    factor = factor[..., None, None] if plan.x_inv is None else factor[..., None, None] * plan.x_inv
+    factor = factor.to(wd)
+    batch, m = plan.G.shape[:-2], plan.G.shape[-1]
     if not coeffs:
-        return c * P
-    G64 = plan.G.to(torch.float64)
-    eye = torch.eye(G64.shape[-1], dtype=torch.float64, device=G64.device)
-    M_hat = wg * G64 + wi * eye
-    M_hat_sq = (wg * wg) * plan.G2.to(torch.float64) + (2.0 * wg * wi) * G64 + (wi * wi) * eye
-    a, b, cc = coeffs[0]
-    Q = (a * eye + b * M_hat + cc * M_hat_sq).to(wd)
-    # the first step in the Gram matrix's precision: B₁ = Q·[√w_G·X̂, √w_I·I]
-    B = torch.cat([Q @ P.to(wd), Q * wi.sqrt().to(wd)], dim=-1)
-    del G64, M_hat, M_hat_sq, P
+        return factor * torch.eye(m, dtype=wd, device=factor.device).expand(*batch, m, m)
+    wi = plan.w_id.to(wd).reshape(-1, 1, 1)
+    wg = plan.w_g.to(wd).reshape(-1, 1, 1)
+    G = plan.G.to(wd).reshape(-1, m, m)
+    M_hat = _add_to_diagonal(wg * G, wi)  # M̂ = w_G·G + w_I·I
     exact = _mixed_exact_steps(coeffs, math.sqrt(1.0 / plan.alpha))
-    for k, (a, b, cc) in enumerate(coeffs[1:], start=1):
-        if k == exact:
-            B, eye = B.to(torch.bfloat16), eye.to(torch.float32)
-        mm = bf16_matmul if k >= exact else torch.matmul
-        E = mm(B, B.mT)
-        Q = a * eye + b * E.to(eye.dtype) + cc * mm(E, E).to(eye.dtype)
-        B = mm(Q.to(B.dtype), B)
-    return c * B[..., : Xw.shape[-1]].to(torch.float64)
+    Z, E = None, M_hat
+    if exact:
+        # the first step aI + bM̂ + cM̂², with M̂² = w_G²·G² + 2w_G·w_I·G + w_I²·I from the G²
+        # that the α bound needed
+        a, b, cc = coeffs[0]
+        Z = torch.mul(plan.G2.to(wd).reshape(-1, m, m), cc * wg * wg)
+        Z = _add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * cc * wg * wi), a + b * wi + cc * wi * wi)
+        Z, E = _coupled_steps(M_hat, coeffs[:exact], Z)
+    if exact < len(coeffs):
+        W = _coupled_steps(E.to(torch.bfloat16), coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
+        Z = W if Z is None else torch.bmm(W, Z)
+    return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
+
+
+def _add_to_diagonal(A: Tensor, d: Tensor | float) -> Tensor:
+    """``A + d·I`` for a batch of square matrices and per-matrix ``d`` (shape ``(B, 1, 1)``)
+    or a number, in place on A."""
+    diagonal = A.diagonal(dim1=-2, dim2=-1)
+    d = d.squeeze(-1) if isinstance(d, Tensor) else d
+    if A.dtype == torch.bfloat16:  # sum in float32: a bf16 add would round d first
+        diagonal.copy_(diagonal.float() + d)
+    else:
+        diagonal.add_(d)
+    return A
+
+
+def _fused_quintic(E: Tensor, a: float, b: float, c: float) -> Tensor:
+    """``aI + bE + cE²`` for a ``(B, m, m)`` batch with one fused product (``baddbmm``), which
+    sums in float32 and rounds once for bf16 E (emulated through float32 on devices without
+    bf16 units, with the same rounding)."""
+    if E.dtype == torch.bfloat16 and not has_bf16_units(E.device):
+        E32 = E.float()
+        return _add_to_diagonal(torch.baddbmm(E32, E32, E32, beta=b, alpha=c), a).bfloat16()
+    return _add_to_diagonal(torch.baddbmm(E, E, E, beta=b, alpha=c), a)
+
+
+def _coupled_steps(
+    M_hat: Tensor, coeffs: tuple[tuple[float, float, float], ...], Z1: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """``Z = p_K(…)·…·p_1(M̂)`` and, when the first step's ``Z1 = p_1(M̂)`` is given, also
+    ``E = Z M̂ Z``, after the ``K = len(coeffs) ≥ 1`` steps of the coupled iteration of
+    :func:`spectra.ops.polar.coupled_inverse_sqrt`, in M̂'s precision (a ``(B, m, m)`` batch;
+    bf16: bf16 products with float32 sums). Without ``Z1`` the first step is one fused
+    product; each later step takes four products (``E = ZY``, ``Q = p(E)``, ``QZ``, ``YQ``),
+    the last one three when E is not wanted."""
+    mm = bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
+    want_e = Z1 is not None
+    Z = _fused_quintic(M_hat, *coeffs[0]) if Z1 is None else Z1
+    if len(coeffs) == 1 and not want_e:
+        return Z, None
+    Y = mm(M_hat, Z)
+    for k, (a, b, cc) in enumerate(coeffs[1:], start=2):
+        Q = _fused_quintic(mm(Z, Y), a, b, cc)
+        Z = mm(Q, Z)
+        if want_e or k < len(coeffs):
+            Y = mm(Y, Q)
+    return Z, (mm(Z, Y) if want_e else None)
 
 
 def _mixed_exact_steps(coeffs: tuple[tuple[float, float, float], ...], ell: float) -> int:
     """Steps of ``soft_clip_mixed`` that run in the Gram matrix's precision: until the
-    smallest singular value ``ℓ_k = p_k(ℓ_{k−1})`` reaches ``MIXED_BF16_FROM`` (at least 1)."""
+    smallest singular value ``ℓ_k = p_k(ℓ_{k−1})`` reaches ``MIXED_BF16_FROM``."""
     for k, (a, b, c) in enumerate(coeffs):
         if ell >= MIXED_BF16_FROM:
-            return max(k, 1)
+            return k
         ell = a * ell + b * ell**3 + c * ell**5
     return len(coeffs)
 

@@ -113,21 +113,26 @@ class SpectralOp:
             return hard_clip(U, self.c, method=self.method)
         return soft_clip(U, self.c, method=self.method, **iteration)
 
-    def gram_factor(self, G: Tensor) -> Tensor:
-        """``K`` with ``self(X) = K·X`` for ``XXᵀ = G`` (:func:`spectra.ops.gram.gram_factor`),
-        for the Gram route of sharded matrices."""
-        return gram_factor(G, self.kind, self.c, method=self.method, **self._iteration())
-
-    def deferred(self, device: torch.device) -> bool:
-        """Whether :func:`spectra.ops.batched_apply_all_` runs this operator in two halves
-        around one host read: a soft clip by ``"polar"`` or ``"mixed"`` (which reads α), off the
-        CPU (see :data:`READ_ONCE_ON_CPU`)."""
-        if device.type == "cpu" and not READ_ONCE_ON_CPU:
-            return False
-        return self.kind == "soft_clip" and soft_clip_method(self.method, device) in (
-            "polar",
-            "mixed",
+    def gram_factor(self, G: Tensor, dtype: torch.dtype | None = None) -> Tensor | None:
+        """``K`` with ``self(X) = K·X`` for ``XXᵀ = G`` (:func:`spectra.ops.gram.gram_factor`)
+        for ``dtype`` matrices, for the Gram route of sharded matrices; ``None`` where a float32
+        G is too coarse."""
+        return gram_factor(
+            G, self.kind, self.c, method=self.method, source_dtype=dtype, **self._iteration()
         )
+
+    def matmul_only(self, X: Tensor) -> bool:
+        """Whether this operator runs on matrices like ``X`` with matrix products only: a soft
+        clip by ``"polar"`` or ``"mixed"`` (``"auto"`` where it picks one of them), which reads
+        α on the host once per call and runs fastest on large batches."""
+        method = soft_clip_method(self.method, X.device, X.dtype)
+        return self.kind == "soft_clip" and method in ("polar", "mixed")
+
+    def deferred(self, X: Tensor) -> bool:
+        """Whether :func:`spectra.ops.batched_apply_all_` runs this operator on matrices like
+        ``X`` in two halves around one host read: :meth:`matmul_only`, off the CPU (see
+        :data:`READ_ONCE_ON_CPU`)."""
+        return (X.device.type != "cpu" or READ_ONCE_ON_CPU) and self.matmul_only(X)
 
     def begin(self, U: Tensor) -> SoftClipPending:
         """The device half of a soft clip (:func:`spectra.ops.soft_clip_begin`)."""

@@ -40,7 +40,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from spectra.ops._common import fp32_products_are_ieee
-from spectra.ops.spectral import EIGH_FP32_MAX_RATIO2
 
 if TYPE_CHECKING:  # the chain's operator type (the chain imports this module)
     from spectra.optim.chain import SpectralOp
@@ -310,13 +309,16 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
     for dims, idx in by_group.items():
         group = mesh.get_group(dims[0]) if len(dims) == 1 else mesh_group(mesh)
         ops = [items[i][0] for i in idx]
-        got, redo = _factors_by_owner(ops, [grams[i] for i in idx], group)
+        dtypes = [views[i].dtype for i in idx]
+        got, redo = _factors_by_owner(ops, [grams[i] for i in idx], dtypes, group)
         for i, K in zip(idx, got, strict=True):
             factors[i] = K
         if redo:  # a second pass in float64 for the clips float32 cannot resolve
             again = [idx[j] for j in redo]
             grams64 = [_local_gram(views[i], torch.float64) for i in again]
-            got, _ = _factors_by_owner([ops[j] for j in redo], grams64, group)
+            got, _ = _factors_by_owner(
+                [ops[j] for j in redo], grams64, [dtypes[j] for j in redo], group
+            )
             for i, K in zip(again, got, strict=True):
                 factors[i] = K
     for (_, u, p, _, route), X, K, (part, placements) in zip(
@@ -332,28 +334,16 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
 
 def gram_dtype(X: Tensor, op: SpectralOp) -> torch.dtype:
     """The precision of the Gram route's ``G`` and ``K`` (and of their messages), as the
-    single-process ``"eigh"`` route chooses it: float32 for float32, bf16 and fp16 matrices
-    where float32 products are IEEE, with a second pass in float64 for a clip whose
-    ``(σ_max/c)²`` exceeds ``EIGH_FP32_MAX_RATIO2`` (:func:`_factors_by_owner` flags it);
-    float64 for float64 matrices, where float32 products run in TF32 or bf16, and for the SVD
-    orthogonalization (whose small directions float32 would not resolve). ``K`` itself is
-    computed in float64 either way."""
+    single-process routes choose it: float32 for float32, bf16 and fp16 matrices where float32
+    products are IEEE, with a second pass in float64 for a clip the float32 G cannot resolve
+    (:func:`spectra.ops.gram.gram_factor` returns ``None``, :func:`_factors_by_owner` flags
+    it); float64 for float64 matrices, where float32 products run in TF32 or bf16, and for the
+    SVD orthogonalization (whose small directions float32 would not resolve). The exact
+    weights are computed in float64 either way."""
     exact_orth = op.kind == "orthogonalize" and op.method in ("auto", "svd")
     if X.dtype == torch.float64 or exact_orth or not fp32_products_are_ieee(X.device):
         return torch.float64
     return torch.float32
-
-
-def _needs_float64(op: SpectralOp, G: Tensor) -> bool:
-    """Whether a float32 Gram matrix is too coarse for the clip ``op``: ``(σ_max/c)² > 1e4``,
-    the bound of the single-process ``"eigh"`` route (checked by ``‖G‖_F`` first)."""
-    if G.dtype != torch.float32 or op.kind == "orthogonalize":
-        return False
-    limit = EIGH_FP32_MAX_RATIO2 * op.c * op.c
-    G64 = G.to(torch.float64)
-    if float(torch.linalg.matrix_norm(G64)) <= limit:
-        return False
-    return float(torch.linalg.eigvalsh(G64)[-1]) > limit
 
 
 def _local_gram(X: Tensor, dtype: torch.dtype) -> Tensor:
@@ -363,13 +353,14 @@ def _local_gram(X: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _factors_by_owner(
-    ops: Sequence[Op], grams: list[Tensor], group
+    ops: Sequence[Op], grams: list[Tensor], dtypes: Sequence[torch.dtype], group
 ) -> tuple[list[Tensor], list[int]]:
-    """``op.gram_factor(ΣG)`` for each Gram matrix, where each rank of ``group`` holds a part
-    ``G`` of the sum: the parts are reduced to the matrix's owner rank, which computes the
-    factor and broadcasts it (in ``G``'s dtype), one reduce and one broadcast per owner; and
-    the positions of the matrices whose float32 ``G`` the owner found too coarse
-    (:func:`_needs_float64`, sent with the factors), which need a float64 pass."""
+    """``op.gram_factor(ΣG, dtype)`` for each Gram matrix of ``dtype`` matrices, where each rank
+    of ``group`` holds a part ``G`` of the sum: the parts are reduced to the matrix's owner
+    rank, which computes the factor and broadcasts it (in ``G``'s dtype), one reduce and one
+    broadcast per owner; and the positions of the matrices whose float32 ``G`` the owner found
+    too coarse (the factor is ``None``; a flag is sent with the factors), which need a float64
+    pass."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     owners = assign_owners([tuple(G.shape) for G in grams], world)
     factors = list(grams)
@@ -387,8 +378,9 @@ def _factors_by_owner(
             out = []
             for i, part in zip(mine, flat.split(sizes), strict=True):
                 G = part.view(grams[i].shape)
-                flag = _needs_float64(ops[i], G)
-                K = torch.zeros_like(G) if flag else ops[i].gram_factor(G).to(G.dtype)
+                K = ops[i].gram_factor(G, dtypes[i])
+                flag = K is None
+                K = torch.zeros_like(G) if flag else K.to(G.dtype)
                 out += [K.reshape(-1), G.new_full((1,), float(flag))]
             flat = torch.cat(out)
         else:

@@ -41,7 +41,7 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from spectra.ops import _common, soft_clip, soft_clip_paper
+from spectra.ops import _common, soft_clip, soft_clip_paper, spectral
 from spectra.ops.polar import inverse_sqrt_schedule
 from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL, _mixed_exact_steps
 from spectra_lab.bench.ops import matmul_flops, mixed_flops
@@ -97,7 +97,11 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
     if method not in calls:
         raise ValueError(f"no kernel count for {method!r}")
     # bf16 products as on a device with bf16 units (one launch each), whatever this CPU has
-    with _KernelCounter() as counter, mock.patch.object(_common, "has_bf16_units", _yes):
+    with (
+        _KernelCounter() as counter,
+        mock.patch.object(_common, "has_bf16_units", _yes),
+        mock.patch.object(spectral, "has_bf16_units", _yes),
+    ):
         calls[method]()
     total = sum(counter.ops.values())
     if method == "polar-bf16x3":  # emulated bf16 products: two conversions each on the CPU

@@ -153,8 +153,9 @@ def methods(c: float) -> dict[str, tuple[str, Callable[[Tensor], Tensor]]]:
     }
 
 
-def matmul_rate(dtype: torch.dtype, device: torch.device, size: int = 256) -> float:
-    """Measured flop/s of one ``size``-cubed matrix product in ``dtype`` (median of 3).
+def matmul_rate(dtype: torch.dtype, device: torch.device, size: int = 512) -> float:
+    """Measured flop/s of one ``size``-cubed matrix product in ``dtype`` (median of 9, after
+    two untimed ones: a single small product is at the mercy of a shared machine).
 
     bf16 is timed as the operators multiply it (:func:`spectra.ops._common.bf16_matmul`:
     emulated through float32 on CPUs without bf16 units).
@@ -165,8 +166,9 @@ def matmul_rate(dtype: torch.dtype, device: torch.device, size: int = 256) -> fl
     A = torch.randn(size, size, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     mm(A, A)
+    mm(A, A)
     times = []
-    for _ in range(3):
+    for _ in range(9):
         sync()
         t0 = time.perf_counter()
         mm(A, A)
@@ -523,20 +525,22 @@ def matmul_flops(method: str, shape: tuple[int, ...], steps: int = 0, fp64_redo:
 def mixed_flops(shape: tuple[int, ...], steps: int, exact: int) -> tuple[int, int]:
     """Flops of ``soft_clip(method="mixed")`` as ``(in the Gram matrix's precision, in bf16)``.
 
-    Exact: the Gram matrix (``2m²n``), ``G²`` (``2m³``), the first step's ``QB₀`` (``2m²n``:
-    ``Q·√w_I·I`` is a scaling) and every further exact step; each later step, in bf16:
-    ``E = BBᵀ`` and ``QB`` (``2m²(n+m)`` each) and ``E²`` (``2m³``), with ``B`` of
-    ``m × (n+m)``.
+    In the Gram matrix's precision: the Gram matrix and the last product ``K·X`` (``2m²n``
+    each), ``G²`` (``2m³``), and with ``e ≥ 1`` exact steps ``4e − 2`` products of ``m × m``
+    matrices (the first step is a sum given ``G²``; each later one takes ``E = ZY``, the fused
+    ``Q = p(E)``, ``QZ`` and ``YQ``; then ``E = ZY`` once more) and ``K = W·Z`` after bf16 steps.
+    In bf16, ``r = K − e`` steps on E take ``4r − 3`` products (the first is one fused product,
+    the last skips ``YQ``).
     """
     *batch, m, n = shape
     m, n = min(m, n), max(m, n)
     count = math.prod(batch) if batch else 1
-    step = 4 * m * m * (n + m) + 2 * m**3
-    if steps == 0:
-        return 0, 0
-    exact = min(max(exact, 1), steps)
-    full = 4 * m * m * n + 2 * m**3 + (exact - 1) * step
-    return count * full, count * (steps - exact) * step
+    exact = min(exact, steps)
+    rest = steps - exact
+    products = 1 + (4 * exact - 2 if exact else 0) + (1 if exact and rest else 0)
+    full = 4 * m * m * n + products * 2 * m**3
+    half = (4 * rest - 3) * 2 * m**3 if rest else 0
+    return count * full, count * half
 
 
 def flop_table(shapes: dict[str, tuple[int, ...]], inputs: tuple[str, ...]) -> str:
@@ -686,8 +690,9 @@ def _write(args: argparse.Namespace, cells: list[Cell], header: str, about: dict
         return
     if args.out.endswith(".json"):
         keys = ("device", "gpu", "float32_matmul_precision", "torch", "threads", "clip_c")
-        keys += ("matmul_gflops",)
-        payload = {**{k: about[k] for k in keys}, "cells": [asdict(cell) for cell in cells]}
+        keys += ("matmul_gflops", "cpu_bf16")
+        payload = {**{k: about[k] for k in keys if k in about},
+                   "cells": [asdict(cell) for cell in cells]}  # fmt: skip
         atomic_write(args.out, json.dumps(payload, indent=1) + "\n")
     else:
         text = to_markdown(cells) + "\n" + summary(cells)
