@@ -705,6 +705,52 @@ def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each()
         torch.set_num_threads(threads)
 
 
+def test_batched_apply_runs_matmul_only_batches_of_an_eighth_on_the_calling_thread():
+    import threading
+
+    from spectra.ops import batched_apply_, soft_clip
+    from spectra.ops.batched import BATCH_FRACTION, MATMUL_BATCH_FRACTION
+
+    g = torch.Generator().manual_seed(3)
+    mats = [torch.randn(s, generator=g) for s in [(16, 32)] * 16 + [(24, 24)] * 8]
+    expected = [soft_ref(m.double(), 2.0).float() for m in mats]
+    total = sum(m.numel() for m in mats)
+
+    class Op:
+        def __init__(self, matmul_only: bool):
+            self.only, self.seen = matmul_only, []
+
+        def matmul_only(self, X):
+            return self.only
+
+        def __call__(self, X):
+            self.seen.append((threading.get_ident(), torch.get_num_threads(), X.shape[0]))
+            return soft_clip(X, 2.0, method="polar")
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        products = Op(True)
+        batched_apply_(products, [m.clone() for m in mats])
+        # batches of total/8 elements, one after another on the caller's two threads
+        assert {(s[0], s[1]) for s in products.seen} == {(threading.get_ident(), 2)}
+        sizes = []
+        for count, numel in ((16, 16 * 32), (8, 24 * 24)):
+            per = max(1, -(-total // MATMUL_BATCH_FRACTION) // numel)
+            sizes += [per] * (count // per) + ([count % per] if count % per else [])
+        assert sorted(s[2] for s in products.seen) == sorted(sizes)
+        # any other op: total/32 (400 elements here, under every matrix: one matrix a batch)
+        other = Op(False)
+        batched_apply_(other, [m.clone() for m in mats])
+        assert total // BATCH_FRACTION < 512 and [s[2] for s in other.seen] == [1] * 24
+        out = [m.clone() for m in mats]
+        batched_apply_(products, out)
+        for m, e in zip(out, expected, strict=True):
+            torch.testing.assert_close(m, e, rtol=2e-3, atol=2e-4)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_optimizer_state_dict_saves_schedules_as_text_and_keeps_the_built_ones():
     ps = make_params()
     sched = so.standard_clip_schedule(so.wsd_schedule(2, 10), 2)

@@ -44,10 +44,10 @@ def batched_apply_(
 
     ``op`` maps a ``(B, m, n)`` batch to a tensor of the same shape (any operator of
     :mod:`spectra.ops`). Matrices that share shape, dtype and device are stacked into batches of
-    at most ``max_elements`` elements (at least one matrix each; ``None``: the total over
-    :data:`BATCH_FRACTION`, or over :data:`MATMUL_BATCH_FRACTION` for an ``op`` whose
-    ``matmul_only(X)`` is true) and the results are copied back. The transient memory of a call is
-    one batch, its stack and ``op``'s own temporaries (off the CPU, see
+    at most ``max_elements`` elements (at least one matrix each; ``None``: the elements of all
+    the call's matrices over :data:`BATCH_FRACTION`, or over :data:`MATMUL_BATCH_FRACTION` for
+    an ``op`` whose ``matmul_only(X)`` is true) and the results are copied back. The transient
+    memory of a call is one batch, its stack and ``op``'s own temporaries (off the CPU, see
     :func:`batched_apply_all_`).
 
     On the CPU with ``T = torch.get_num_threads() > 1``, batches of at most ``max_elements / T``
@@ -95,13 +95,14 @@ def batched_apply_all_(
                 raise ValueError(f"batched_apply_ takes 2-D matrices, got shape {tuple(X.shape)}")
     grad = torch.is_grad_enabled()  # grad mode is per thread: the workers get the caller's
     deferred, direct = [], []
+    total = sum(X.numel() for _, mats in jobs for X in mats)  # the caps are shares of the call
     for op, mats in jobs:
         mats = list(mats)
         matmul_only = getattr(op, "matmul_only", None)
         fraction = BATCH_FRACTION
         if mats and matmul_only is not None and matmul_only(mats[0]):
             fraction = MATMUL_BATCH_FRACTION
-        cap = max_elements or -(-sum(X.numel() for X in mats) // fraction)
+        cap = max_elements or -(-total // fraction)
         later = getattr(op, "deferred", None)
         for batch in _batches(mats, cap):
             if later is not None and later(batch[0]):
