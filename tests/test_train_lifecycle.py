@@ -209,6 +209,12 @@ def test_run_json_autocast_is_null_on_cpu(dataset, tmp_path):
     train(small_config(dataset, tmp_path / "run", steps=4, warmup_steps=1))
     about = json.loads((tmp_path / "run" / "run.json").read_text())
     assert about["autocast"] is None
+    # the machine-dependent method behind clip_method "auto", for reading results later
+    import torch
+
+    from spectra.ops import soft_clip_method
+
+    assert about["soft_clip_auto"] == soft_clip_method("auto", torch.device("cpu"))
 
 
 def test_a_bit_flipped_checkpoint_says_what_to_do(dataset, tmp_path):

@@ -55,6 +55,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from spectra import SpectralMonitor
+from spectra.ops import soft_clip_method
 from spectra_lab.data import training_dataset
 from spectra_lab.errors import UserError
 from spectra_lab.model.flops import flops_per_token
@@ -335,6 +336,9 @@ def build_run(
         "device": str(rt.device),
         "autocast": str(rt.autocast_dtype).removeprefix("torch.") if rt.autocast_dtype else None,
         "torch": torch.__version__,
+        # what a soft clip by "auto" runs for float32 matrices here (machine-dependent: "mixed"
+        # on CPUs with bf16 units, "eigh" on other CPUs, "polar" on CUDA)
+        "soft_clip_auto": soft_clip_method("auto", rt.device, torch.float32),
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "tokens_per_step": tokens_per_step,
         "flops_per_token": flops_per_token(model_cfg),
