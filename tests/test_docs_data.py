@@ -101,6 +101,21 @@ def test_readme_main_job_table_is_the_main_job_sweep():
     assert_quoted(f"val loss {s0:.4f} | val ppl {math.exp(s0):.2f}", "README.md")
 
 
+def test_readme_main_job_with_mixed_is_its_sweep():
+    import math
+
+    exact = main_job()["spectra-adamw"]
+    runs = data("results/main-job-mixed/results.json")["runs"]
+    mixed = {r["seed"]: r["val_loss"] for r in runs}
+    assert sorted(mixed) == sorted(exact) == [1337, 1338, 1339]
+    ms = f"{statistics.fmean(mixed.values()):.4f} ± {statistics.stdev(mixed.values()):.4f}"
+    d = [mixed[s] - exact[s] for s in sorted(mixed)]
+    mean, sd = statistics.fmean(d), statistics.stdev(d)
+    t = mean / (sd / math.sqrt(len(d)))
+    assert_quoted(f"end at {ms}, paired against", "README.md")
+    assert_quoted(f"`eigh` {mean:+.4f} ± {sd:.4f} (t = {t:.1f}, not significant)", "README.md")
+
+
 # --------------------------------------------------------------------------- DDP split
 
 
