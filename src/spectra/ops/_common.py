@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -74,8 +75,12 @@ def has_bf16_units(device: torch.device) -> bool:
     """Whether ``device`` multiplies bf16 matrices in hardware: CUDA, or a CPU with AMX tiles
     or AVX-512 BF16. Elsewhere a bf16 product is a slow software path (about 60x slower than
     float32 on a 2-core AVX2 CPU)."""
-    if device.type != "cpu":
-        return True
+    return device.type != "cpu" or _cpu_has_bf16_units()
+
+
+@functools.cache
+def _cpu_has_bf16_units() -> bool:
+    """The CPU probe of :func:`has_bf16_units`, once per process (every optimizer step asks)."""
     cpu = getattr(torch, "cpu", None)
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)

@@ -99,15 +99,13 @@ def batched_apply_all_(
     for op, mats in jobs:
         mats = list(mats)
         matmul_only = getattr(op, "matmul_only", None)
-        fraction = BATCH_FRACTION
-        if mats and matmul_only is not None and matmul_only(mats[0]):
-            fraction = MATMUL_BATCH_FRACTION
-        cap = max_elements or -(-total // fraction)
+        products = bool(mats) and matmul_only is not None and matmul_only(mats[0])
+        cap = max_elements or -(-total // (MATMUL_BATCH_FRACTION if products else BATCH_FRACTION))
         later = getattr(op, "deferred", None)
         for batch in _batches(mats, cap):
             if later is not None and later(batch[0]):
                 deferred.append((op, batch))
-        direct.append((op, [X for X in mats if later is None or not later(X)], cap))
+        direct.append((op, [X for X in mats if later is None or not later(X)], cap, products))
     with torch.set_grad_enabled(grad):
         pending = [op.begin(_stack(batch)) for op, batch in deferred]
     requests = [p.request for p in pending]
@@ -125,14 +123,13 @@ def batched_apply_all_(
         values = values[k:]
         torch._foreach_copy_(batch, list(out.unbind(0)))
     threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
-    for op, mats, cap in direct:
-        # with threads, the CPU's batches run side by side; the others one after another
+    for op, mats, cap, products in direct:
+        # with threads, the CPU's batches run side by side (a matmul-only op's products use
+        # the threads themselves); the others one after another
         side: list[Tensor] = []
         rest: list[Tensor] = []
-        matmul_only = getattr(op, "matmul_only", None)
         for X in mats:
-            whole = matmul_only is not None and matmul_only(X)  # its products use the threads
-            (side if threads > 1 and X.device.type == "cpu" and not whole else rest).append(X)
+            (side if threads > 1 and X.device.type == "cpu" and not products else rest).append(X)
         for batch in _batches(rest, cap):
             _apply(op, batch, grad)
         _apply_on_cpu(op, side, cap, grad, threads)

@@ -421,8 +421,12 @@ def _pow2_scale(X: Tensor) -> Tensor:
         lo, hi = lo[..., None, None], hi[..., None, None]
     else:
         lo, hi = Y.amin(dim=(-2, -1), keepdim=True), Y.amax(dim=(-2, -1), keepdim=True)
-    amax = torch.maximum(-lo, hi).to(torch.float64)
-    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    return _pow2_floor(torch.maximum(-lo, hi).to(torch.float64))
+
+
+def _pow2_floor(x: Tensor) -> Tensor:
+    """The largest power of two ≤ x, elementwise for x ≥ 0 (float64; 1 where x is 0)."""
+    safe = torch.where(x > 0, x, torch.ones_like(x))
     return torch.exp2(torch.floor(torch.log2(safe)))
 
 
@@ -679,8 +683,7 @@ def soft_clip_polar(
 def _polar_run(Xw: Tensor, c: float, plan: _PolarPlan) -> Tensor:
     """The coupled iteration of ``soft_clip_polar`` on the wide ``Xw`` (float64 result)."""
     Xh, G, G2, wd, coeffs = plan.Xh, plan.G, plan.G2, plan.dtype, plan.coeffs
-    w_id, w_g, r, lam_safe, scale = plan.w_id, plan.w_g, plan.r, plan.lam_safe, plan.scale
-    wi, wg = w_id[..., None, None], w_g[..., None, None]
+    wi, wg = plan.w_id[..., None, None], plan.w_g[..., None, None]
     eye = torch.eye(G.shape[-1], dtype=torch.float64, device=G.device)
     G64 = G.to(torch.float64)
     M_hat = wg * G64 + wi * eye
@@ -688,14 +691,17 @@ def _polar_run(Xw: Tensor, c: float, plan: _PolarPlan) -> Tensor:
     # split bf16 products keep float32 operands
     store, mm = (torch.float32, split_bf16_matmul) if wd == torch.bfloat16 else (wd, torch.matmul)
     Z = coupled_inverse_sqrt(M_hat.to(store), M_hat_sq.to(store), coeffs, matmul=mm)
-    # H = Z X/√α; in original units the factor is scale/√α = scale/hypot(1, r), or c/√s²_max
-    # when r overflowed.
-    scale0 = scale.squeeze(-1).squeeze(-1)
-    finite_factor = scale0 / torch.hypot(torch.ones_like(r), r)
-    factor = torch.where(torch.isinf(r), c / lam_safe.sqrt(), finite_factor)[..., None, None]
-    if plan.x_inv is not None:
-        factor = factor * plan.x_inv
-    return mm(Z, Xh.to(store)).to(torch.float64) * factor
+    return mm(Z, Xh.to(store)).to(torch.float64) * _output_factor(c, plan)
+
+
+def _output_factor(c: float, plan: _PolarPlan) -> Tensor:
+    """The per-matrix factor (float64, shape ``(..., 1, 1)``) with ``H_c(X) = f·Z·Xh`` for
+    ``Z ≈ M̂^{-1/2}``: ``scale/√α = scale/hypot(1, r)``, or ``c/√s²_max`` when r overflowed,
+    times ``x_inv`` when Xh is X itself."""
+    scale0 = plan.scale.squeeze(-1).squeeze(-1)
+    finite = scale0 / torch.hypot(torch.ones_like(plan.r), plan.r)
+    factor = torch.where(torch.isinf(plan.r), c / plan.lam_safe.sqrt(), finite)[..., None, None]
+    return factor if plan.x_inv is None else factor * plan.x_inv
 
 
 def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
@@ -708,7 +714,7 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     ``Z_e = p_e(…)·…·p_1(M̂)`` and ``E = Z_e M̂ Z_e``, whose eigenvalues ``s_e²`` lie in
     ``[ℓ_e², 1]``. ``e`` is the first step with ``ℓ_e ≥ MIXED_BF16_FROM`` (0.5), so E is
     conditioned by at most 4 whatever α is. The remaining quintics run in bf16 on E alone
-    (:func:`spectra.ops.polar.coupled_inverse_sqrt`, bf16 products, float32 sums), giving
+    (bf16 products; each ``aI + bE + cE²`` one fused product that sums in float32), giving
     ``W ≈ E^{-1/2}``; then ``K = W Z_e ≈ M̂^{-1/2}`` (all factors are functions of M̂) and
     ``H_c(X) = K X/√α``, both products in the Gram matrix's precision.
 
@@ -716,14 +722,15 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     roundings relative to ‖W‖ ≤ 2) enters H as ``δW·(Z_e X/√α)``, and ``Z_e X/√α`` has singular
     values at most 1 (relative to c), so it moves every direction by about that much — not by
     ``σ_max/c`` times as much, which is the paper's bf16 error on a spike (its Newton–Schulz
-    iterate carries the whole dynamic range of ``M^{-1/2}``). The measured error is 4–7e-3 for
-    σ_max/c from 1 to 1e5 (docs/operators.md), against 5e-4 for ``method="polar"``. The Gram
+    iterate carries the whole dynamic range of ``M^{-1/2}``). The measured error is 3.5–6.4e-3
+    for σ_max/c from 1 to 1e5 (docs/operators.md), against 5e-4 for ``method="polar"``. The Gram
     matrix and the last product stay in float32: rounding X or K to bf16 would move the bulk of
     the spectrum by ``≈ 4e-3·σ_max``.
 
-    Cost for ``K`` steps of which ``e`` exact, ``m ≤ n``: ``2m²n`` twice (Gram matrix, last
-    product) and ``2m³`` times ``4e`` (``G²``, the exact steps, ``K = W Z_e``) in float32;
-    ``(4(K−e) − 2)·2m³`` in bf16. The paper's Algorithm 1 (``N_s = 10``) takes ``4m²n + 60m³``
+    Cost for ``K`` steps of which ``e ≥ 1`` exact and ``r = K − e ≥ 1`` in bf16, ``m ≤ n``
+    (:func:`spectra_lab.bench.ops.mixed_flops` has every case): ``2m²n`` twice (Gram matrix,
+    last product) and ``2m³`` times ``4e`` (``G²``, the exact steps, ``K = W Z_e``) in
+    float32; ``(4r − 3)·2m³`` in bf16. The paper's Algorithm 1 (``N_s = 10``) takes ``4m²n + 60m³``
     in bf16. One host synchronisation per call, as in :func:`soft_clip_polar`.
     """
     check_matrix_input(X)
@@ -761,8 +768,7 @@ def mixed_gram_factor(
     _check_tol(tol)
     exact = G.dtype == torch.float64
     dmax = G.diagonal(dim1=-2, dim2=-1).amax(dim=-1)[..., None, None].to(torch.float64)
-    safe = torch.where(dmax > 0, dmax, torch.ones_like(dmax))
-    scale = torch.exp2(torch.floor(0.5 * torch.log2(safe)))  # ≈ √max G_ii, a power of two
+    scale = _pow2_floor(dmax.sqrt())  # ≈ √max G_ii = max row norm of X
     x_inv = scale.reciprocal()
     in_range = torch.ones((), dtype=torch.bool, device=G.device)
     Gs, G2, lam = _gram_square_and_bound(G * (x_inv * x_inv).to(G.dtype))
@@ -777,12 +783,7 @@ def mixed_gram_factor(
 def _mixed_factor(c: float, plan: _PolarPlan) -> Tensor:
     """``K`` (in the plan's dtype) with ``H_c(X) = K·plan.Xh`` for ``soft_clip_mixed``."""
     wd, coeffs = plan.dtype, plan.coeffs
-    scale0 = plan.scale.squeeze(-1).squeeze(-1)
-    # H = K·X̂·scale/√α, and scale/√α = scale/hypot(1, r), or c/√s²_max when r overflowed
-    finite_factor = scale0 / torch.hypot(torch.ones_like(plan.r), plan.r)
-    factor = torch.where(torch.isinf(plan.r), c / plan.lam_safe.sqrt(), finite_factor)
-    factor = factor[..., None, None] if plan.x_inv is None else factor[..., None, None] * plan.x_inv
-    factor = factor.to(wd)
+    factor = _output_factor(c, plan).to(wd)
     batch, m = plan.G.shape[:-2], plan.G.shape[-1]
     if not coeffs:
         return factor * torch.eye(m, dtype=wd, device=factor.device).expand(*batch, m, m)
