@@ -164,12 +164,13 @@ def test_optimizer_on_cuda_is_as_close_to_float64_as_on_the_cpu(entry, dtype, lr
     assert cuda <= max(3 * cpu, floor), (cuda, cpu)
 
 
-def test_compiled_optimizer_step_on_cuda_matches_eager(gpu):
+@pytest.mark.parametrize("method", ["auto", "mixed"])
+def test_compiled_optimizer_step_on_cuda_matches_eager(method, gpu):
     runs = []
     for compiled in (False, True):
         torch.manual_seed(0)
         ps = [torch.randn(s, device=gpu, requires_grad=True) for s in ((64, 32), (32,))]
-        opt = so.AdamW(ps, lr=1e-2, clip_c=0.5)
+        opt = so.AdamW(ps, lr=1e-2, clip_c=0.5, clip_method=method)
         step = torch.compile(opt.step) if compiled else opt.step
         for k in range(3):
             g = torch.Generator(device=gpu).manual_seed(k)
@@ -181,14 +182,15 @@ def test_compiled_optimizer_step_on_cuda_matches_eager(gpu):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
-def test_a_default_step_on_cuda_synchronises_once(gpu):
+@pytest.mark.parametrize("method", ["auto", "mixed"])
+def test_a_default_step_on_cuda_synchronises_once(method, gpu):
     # the gradients' and directions' finite checks and every batch's α in one read
     import warnings
 
     torch.manual_seed(0)
     shapes = ((64, 32), (64, 32), (32, 96), (48,), (4, 8, 3))
     ps = [torch.randn(s, device=gpu, requires_grad=True) for s in shapes]
-    opt = so.AdamW(ps, lr=1e-2, clip_c=0.5)
+    opt = so.AdamW(ps, lr=1e-2, clip_c=0.5, clip_method=method)
     for _ in range(2):
         for p in ps:
             p.grad = torch.randn_like(p)

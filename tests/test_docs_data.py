@@ -552,7 +552,7 @@ def test_matmul_rates_quoted_from_the_stored_runs():
 
 
 def test_gpu_page_tables_are_the_stored_gpu_check():
-    from spectra_lab.bench.gpu_check import markdown_summary
+    from spectra_lab.bench.gpu_check import markdown_summary, ops_figures
 
     doc = text("docs/gpu.md")
     for line in markdown_summary(DATA / "gpu").splitlines():
@@ -566,7 +566,8 @@ def test_gpu_page_tables_are_the_stored_gpu_check():
     assert_quoted(f"takes about {8192 / eager['tokens_per_s'] * 1e3:.0f} ms", "docs/gpu.md")
     # the same figures where README.md and the other pages quote them
     index = data("docs/data/gpu/gpu_check.json")["parts"]
-    auto = [index[p]["median_vs_paper_bf16"]["auto"] for p in ("bench_ops", "bench_ops_tf32")]
+    auto = [ops_figures(DATA / "gpu" / f"{p}.json")["auto"][0]
+            for p in ("bench_ops", "bench_ops_tf32")]  # fmt: skip
     clip = [index[p]["vs_paper_bf16"]["spectra-adamw"] for p in ("bench_optim", "bench_optim_tf32")]
     assert_quoted(f"`auto` takes {auto[0]:.2f}× the paper's bf16 run (median of 48 cells; "
                   f"{auto[1]:.2f}× with TF32)", "README.md")  # fmt: skip
@@ -587,6 +588,67 @@ def test_gpu_check_without_cuda_is_one_line_and_success(monkeypatch, capsys):
     assert main(["bench", "gpu-check", "--out", "/nonexistent/gpu"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "no CUDA GPU here" in out
+
+
+def test_gpu_check_skips_a_part_with_less_than_four_fifths_of_its_limit_left(
+    monkeypatch, tmp_path, capsys
+):
+    # a fake clock: each part that runs takes 65 s of the 200-second budget
+    import argparse
+    import json
+
+    import torch
+
+    from spectra_lab.bench import gpu_check
+
+    now = [0.0]
+    ran: list[tuple[str, float]] = []
+
+    def part(name: str):
+        def run(out, timeout):
+            ran.append((name, timeout))
+            now[0] += 65.0
+            return {"status": "passed", "tests": 1, "passed": 1}
+
+        return run
+
+    parts = {"tests": (part("tests"), 100.0), "a": (part("a"), 100.0),
+             "b": (part("b"), 100.0), "c": (part("c"), 50.0)}  # fmt: skip
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "about_machine", lambda: {
+        "date": "d", "gpu": "g", "gpus": 1, "torch": "t", "cuda": "c", "python": "p",
+        "commit": None})  # fmt: skip
+    monkeypatch.setattr(gpu_check, "PARTS", parts)
+    assert gpu_check.run(argparse.Namespace(budget=200.0, out=str(tmp_path))) == 0
+    # 200 s left: tests runs (limit 100); 135 left: a runs; 70 left (< 0.8 * 100): b is skipped;
+    # 70 left (>= 0.8 * 50): c runs, with its own limit
+    assert ran == [("tests", 100.0), ("a", 100.0), ("c", 50.0)]
+    index = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]
+    assert index["b"] == {"status": "not run", "reason": "70 s of budget left"}
+    capsys.readouterr()
+
+
+def test_gpu_check_summary_has_the_780m_table_only_with_both_precisions(tmp_path):
+    import json
+    import shutil
+
+    from spectra_lab.bench.gpu_check import markdown_summary
+
+    stored = DATA / "gpu"
+    heading = "Optimizer step at the 780M shapes"
+    assert heading in markdown_summary(stored)
+    rows = {r["method"]: r for r in data("docs/data/gpu/bench_optim_780m.json")["rows"]}
+    mixed = rows["spectra-adamw-mixed"]
+    line = f"| `spectra-adamw-mixed` | {1e3 * mixed['step_s']:.1f} | {mixed['vs_bf16']:.2f} |"
+    assert line in markdown_summary(stored)
+    # without the TF32 half the table is left out, the rest stays
+    folder = shutil.copytree(stored, tmp_path / "gpu")
+    index = json.loads((folder / "gpu_check.json").read_text())
+    index["parts"]["bench_optim_780m_tf32"] = {"status": "failed"}
+    (folder / "gpu_check.json").write_text(json.dumps(index))
+    summary = markdown_summary(folder)
+    assert heading not in summary and "Optimizer step at the 124M shapes" in summary
 
 
 # --------------------------------------------------------------------------- native bf16 CPU
