@@ -28,7 +28,29 @@ def test_rows_hold_shares_and_overheads_against_the_base_optimizer():
         assert 0 < r["optimizer_ms"] < r["total_ms"]
         assert r["share"] == pytest.approx(r["optimizer_ms"] / r["total_ms"])
         assert r["overhead"] == pytest.approx(r["total_ms"] / base["total_ms"] - 1.0)
+        own = by_name[r["base"]]
+        assert r["optimizer_overhead"] == pytest.approx(
+            (r["optimizer_ms"] - own["optimizer_ms"]) / own["total_ms"]
+        )
+    assert base["optimizer_overhead"] == 0.0
     assert base_of("spectra-signum") == "signum" and base_of("dmuon") == "dmuon"
+
+
+def test_optimizers_take_their_steps_in_turn(monkeypatch):
+    import spectra_lab.bench.step as step
+
+    order = []
+    real = step._step
+
+    def record(run, device, timed):
+        order.append((run.name, timed))
+        real(run, device, timed)
+
+    monkeypatch.setattr(step, "_step", record)
+    run_benchmark(("adamw", "spectra-adamw"), "tiny", steps=2, warmup=1)
+    names = [n for n, _ in order]
+    assert names == ["adamw", "spectra-adamw"] * 3
+    assert [t for _, t in order] == [False, False, True, True, True, True]
 
 
 def test_cli_prints_the_table_and_rejects_bad_input_in_one_line(capsys):

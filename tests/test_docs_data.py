@@ -439,6 +439,18 @@ def test_main_job_step_tables_and_ratios_are_the_stored_bench_step_runs():
                   "docs/operators.md")  # fmt: skip
 
 
+def test_main_job_on_the_cpu_with_bf16_units_is_the_stored_run():
+    report = data("docs/data/bench_step_main_job_native_bf16_2threads.json")
+    rows = {r["name"]: r for r in report["rows"]}
+    a, s = rows["adamw"], rows["spectra-adamw"]
+    d = s["optimizer_ms"] - a["optimizer_ms"]
+    ratio = (a["total_ms"] + d) / a["total_ms"]
+    assert_quoted(f"gave optimizer steps of {s['optimizer_ms']:.1f} against "
+                  f"{a['optimizer_ms']:.1f} ms (the optimizers stepping in turn): the clip adds "
+                  f"{d:.1f} ms, which on AdamW's {a['total_ms']:.1f} ms training step is "
+                  f"**{ratio:.3f}×**", "docs/operators.md")  # fmt: skip
+
+
 # --------------------------------------------------------------------------- optimizer step
 
 

@@ -415,12 +415,9 @@ def _check_tol(tol: float) -> None:
 
 def _pow2_scale(X: Tensor) -> Tensor:
     """Per-matrix power of two near ``max|X|`` (float64, 1 for all-zero matrices)."""
-    Y = X if X.is_contiguous() or not X.mT.is_contiguous() else X.mT  # same entries
-    if Y.is_contiguous() and Y.numel():  # one pass, no |X| copy
-        lo, hi = Y.reshape(*Y.shape[:-2], -1).aminmax(dim=-1)
-        lo, hi = lo[..., None, None], hi[..., None, None]
-    else:
-        lo, hi = Y.amin(dim=(-2, -1), keepdim=True), Y.amax(dim=(-2, -1), keepdim=True)
+    # min and max apart, no |X| copy: on the CPU a batched aminmax(dim=...) runs about ten times
+    # slower than the two reductions (0.33 against 0.03 ms on 4×192×512, two threads)
+    lo, hi = X.amin(dim=(-2, -1), keepdim=True), X.amax(dim=(-2, -1), keepdim=True)
     return _pow2_floor(torch.maximum(-lo, hi).to(torch.float64))
 
 
@@ -498,7 +495,8 @@ def _gram_square_and_bound(G: Tensor, mm=torch.matmul) -> tuple[Tensor, Tensor, 
     norms are taken in G's precision: rounding can put the bound ~1e-7 below λ_max, which the
     quintics' cushion above 1 absorbs."""
     G2 = mm(G, G)
-    gersh = torch.linalg.matrix_norm(G, ord=float("inf"))
+    # max_i Σ_j |G_ij| (matrix_norm(ord=inf) gives the same, six times slower on the CPU)
+    gersh = G.abs().sum(-1).amax(-1)
     fro2 = torch.linalg.matrix_norm(G2, ord="fro").sqrt()
     return G, G2, torch.minimum(gersh, fro2).to(torch.float64)
 

@@ -98,6 +98,8 @@ class AdamW(SpectraOptimizer):
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    _directions_keep_nonfinite = True
+
     def _direction(self, group, params, grads, states, out) -> None:
         beta1, beta2 = group["betas"]
         adam_direction(

@@ -84,6 +84,8 @@ class AdEMAMix(SpectraOptimizer):
         for key in ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq"):
             state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    _directions_keep_nonfinite = True
+
     def _direction(self, group, params, grads, states, out) -> None:
         beta1, beta2, beta3 = group["betas"]
         steps = [s["step"] for s in states]

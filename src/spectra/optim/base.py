@@ -202,8 +202,12 @@ class SpectraOptimizer(Optimizer):
         pre = any(pre_clips(g) for g, _ in work)
         single = group is None and sharded is None
         fold = self.defaults["nonfinite"] == "raise" and single and not pre
-        grads_finite = finite_flag(grads) if fold else None
-        if grads_finite is None and not all_finite(grads, sharded):
+        # Where every non-finite gradient entry makes its direction entry non-finite, the
+        # directions' check of an unchunked step covers the gradients': their own check then
+        # runs only to word the error.
+        covered = fold and self._directions_keep_nonfinite and self._chunk_elements(params) is None
+        grads_finite = finite_flag(grads) if fold and not covered else None
+        if grads_finite is None and not covered and not all_finite(grads, sharded):
             self._nonfinite("a gradient", "no parameter or state was changed")
             return loss
         if group is not None and not self._replication_checked:
@@ -220,7 +224,10 @@ class SpectraOptimizer(Optimizer):
             group=group,
             finite=grads_finite,
         )
-        if not stepped and grads_finite is not None and not bool(grads_finite):
+        if not stepped and (
+            (grads_finite is not None and not bool(grads_finite))
+            or (covered and not all_finite(grads))
+        ):
             self._nonfinite("a gradient", "no parameter was changed; the optimizer state was")
         if not stepped:
             moved = (
@@ -233,6 +240,11 @@ class SpectraOptimizer(Optimizer):
 
     #: Whether the direction link accepts sparse gradients (the wrapper's base may).
     _sparse_directions = False
+    #: Whether a non-finite gradient entry always gives a non-finite direction entry (moments
+    #: that take ``g`` and ``g²`` with positive weights and a ratio of them: AdamW, AdEMAMix,
+    #: MARS, SGD-M; not a sign), so that the directions' finite check also checks the
+    #: gradients (tested in tests/test_nonfinite.py).
+    _directions_keep_nonfinite = False
 
     def _work(self) -> Work:
         work = []

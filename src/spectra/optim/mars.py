@@ -81,6 +81,8 @@ class MARS(SpectraOptimizer):
         if _uses_mars(p):
             state["last_grad"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    _directions_keep_nonfinite = True
+
     def _direction(self, group, params, grads, states, out) -> None:
         mars = [i for i, p in enumerate(params) if _uses_mars(p)]
         adam = [i for i, p in enumerate(params) if not _uses_mars(p)]

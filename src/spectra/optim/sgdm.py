@@ -48,6 +48,8 @@ class SGDM(SpectraOptimizer):
     def _init_state(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    _directions_keep_nonfinite = True
+
     def _direction(self, group, params, grads, states, out) -> None:
         # At a parameter's first step the new gradient's weight is 1, so M₀ = g(X₀).
         weights = [1.0 if s["step"] == 1 else 1.0 - group["momentum"] for s in states]

@@ -2,10 +2,15 @@
 
 For each optimizer of the harness's registry, on a model preset with random tokens: the median
 total step time (forward, backward, global gradient clipping and ``optimizer.step()``), the
-optimizer step's time and share of it, and the overhead of the total against the base
-optimizer's (``spectra-adamw`` against ``adamw``, ``X + pre-clip`` against ``X``). That is
-the layout of "Enhancing LLM Training via Spectral Clipping", Table timing_combined (there on
-4×H100 at 160M and 780M).
+optimizer step's time and share of it, and the overhead against the base optimizer
+(``spectra-adamw`` against ``adamw``, ``X + pre-clip`` against ``X``): of the totals, and by
+optimizer time (the optimizer steps' difference over the base's total, which leaves out the
+forward and backward passes' own spread). The first is the layout of "Enhancing LLM Training
+via Spectral Clipping", Table timing_combined (there on 4×H100 at 160M and 780M).
+
+The optimizers take their steps in turn (step k of each before step k + 1 of any), each on its
+own model built from the same seed and fed the same tokens, so that a shared machine's change
+of speed during the run reaches them alike; all their models are held at once.
 
 The model and optimizer are built exactly as ``spectra train`` builds them (same presets,
 parameter groups and recipes); the data are random tokens, since the step's time does not
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,52 +60,73 @@ def build(name: str, preset: str, **config: Any) -> tuple[Any, Any, Any, Any]:
     return cfg, model, model_cfg, build_optimizer(model, cfg, build_lr_lambda(cfg))
 
 
-def time_optimizer(
+@dataclass
+class _Run:
+    """One optimizer's model and its timings, stepped in turn with the others."""
+
+    name: str
+    pre_clip_c: float | None
+    cfg: Any
+    model: Any
+    optimizer: Any
+    params: list[torch.Tensor]
+    gen: torch.Generator
+    shape: tuple[int, int]
+    totals: list[float] = field(default_factory=list)
+    opt_times: list[float] = field(default_factory=list)
+
+
+def _make_run(
     name: str, preset: str, steps: int, warmup: int, batch_size: int, device: torch.device,
     pre_clip_c: float | None = None, seed: int = 0,
-) -> dict[str, Any]:  # fmt: skip
-    """Median total and optimizer-step seconds of ``steps`` timed steps after ``warmup``."""
+) -> _Run:  # fmt: skip
     cfg, model, model_cfg, optimizer = build(
         name, preset, batch_size=batch_size, steps=warmup + steps, pre_clip_c=pre_clip_c,
         seed=seed, device=str(device),
     )  # fmt: skip
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    gen = torch.Generator().manual_seed(seed)
-    shape = (batch_size, model_cfg.seq_len + 1)
+    gen = torch.Generator().manual_seed(seed)  # the same tokens for every optimizer
+    return _Run(name, pre_clip_c, cfg, model, optimizer, params, gen,
+                (batch_size, model_cfg.seq_len + 1))  # fmt: skip
+
+
+def _step(run: _Run, device: torch.device, timed: bool) -> None:
+    """One training step of ``run``: forward, backward, gradient clipping, optimizer step."""
     autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    totals, opt_times = [], []
-    for k in range(warmup + steps):
-        tokens = torch.randint(0, VOCAB, shape, generator=gen).to(device)
-        sync()
-        t0 = time.perf_counter()
-        with autocast:
-            _, loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
-        sync()
-        t1 = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        t2 = time.perf_counter()
-        if k >= warmup:
-            totals.append(t2 - t0)
-            opt_times.append(t2 - t1)
-    label = name + (f" + pre-clip {pre_clip_c:g}" if pre_clip_c is not None else "")
+    tokens = torch.randint(0, VOCAB, run.shape, generator=run.gen).to(device)
+    sync()
+    t0 = time.perf_counter()
+    with autocast:
+        _, loss = run.model(tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.params, run.cfg.grad_clip or float("inf"))
+    sync()
+    t1 = time.perf_counter()
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    sync()
+    t2 = time.perf_counter()
+    if timed:
+        run.totals.append(t2 - t0)
+        run.opt_times.append(t2 - t1)
+
+
+def _row(run: _Run) -> dict[str, Any]:
+    label = run.name + (f" + pre-clip {run.pre_clip_c:g}" if run.pre_clip_c is not None else "")
     return {
         "optimizer": label,
-        "name": name,
-        "pre_clip": pre_clip_c,
-        "base": base_of(name),
-        "total_ms": 1e3 * statistics.median(totals),
-        "optimizer_ms": 1e3 * statistics.median(opt_times),
-        "parameters": sum(p.numel() for p in params),
+        "name": run.name,
+        "pre_clip": run.pre_clip_c,
+        "base": base_of(run.name),
+        "total_ms": 1e3 * statistics.median(run.totals),
+        "optimizer_ms": 1e3 * statistics.median(run.opt_times),
+        "parameters": sum(p.numel() for p in run.params),
     }
 
 
@@ -124,31 +151,50 @@ def run_benchmark(
     pre-clip (decided before anything is timed)."""
     device = torch.device(device)
     pre = {name: pre_clip_c is not None and pre_clips(name, preset) for name in optimizers}
-    rows = []
+    runs = []
     for name in optimizers:
-        rows.append(time_optimizer(name, preset, steps, warmup, batch_size, device))
+        runs.append(_make_run(name, preset, steps, warmup, batch_size, device))
         if pre[name]:
-            rows.append(time_optimizer(name, preset, steps, warmup, batch_size, device, pre_clip_c))
+            runs.append(_make_run(name, preset, steps, warmup, batch_size, device, pre_clip_c))
+    # Round robin: step k of every optimizer runs before step k + 1 of any, so that a change
+    # of the machine's speed during the benchmark reaches all of them alike.
+    for k in range(warmup + steps):
+        for run in runs:
+            _step(run, device, timed=k >= warmup)
+    rows = [_row(run) for run in runs]
     bases = {r["optimizer"]: r for r in rows}
     for r in rows:
         r["share"] = r["optimizer_ms"] / r["total_ms"]
         base = bases.get(r["base"])
         r["overhead"] = r["total_ms"] / base["total_ms"] - 1.0 if base is not None else None
+        r["optimizer_overhead"] = optimizer_overhead(r, base)
     return rows
+
+
+def optimizer_overhead(row: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+    """The overhead by optimizer time: ``(optimizer step − base's optimizer step) / base's
+    total``, what the step costs beyond the base's with the passes the same."""
+    if base is None:
+        return None
+    return (row["optimizer_ms"] - base["optimizer_ms"]) / base["total_ms"]
 
 
 def format_table(rows: list[dict[str, Any]], header: str) -> str:
     lines = [
         header,
         "",
-        "| optimizer | total (ms) | optimizer step (ms) | share | overhead vs base |",
-        "|---|---:|---:|---:|---:|",
+        "| optimizer | total (ms) | optimizer step (ms) | share | overhead vs base "
+        "| by optimizer time |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    bases = {r["optimizer"]: r for r in rows}
     for r in rows:
         over = "–" if r["overhead"] is None else f"{100 * r['overhead']:+.1f}%"
+        by_opt = optimizer_overhead(r, bases.get(r["base"]))  # also for reports stored before
+        by_opt = "–" if by_opt is None else f"{100 * by_opt:+.1f}%"
         lines.append(
             f"| {r['optimizer']} | {r['total_ms']:.1f} | {r['optimizer_ms']:.1f} "
-            f"| {100 * r['share']:.1f}% | {over} |"
+            f"| {100 * r['share']:.1f}% | {over} | {by_opt} |"
         )
     return "\n".join(lines) + "\n"
 
