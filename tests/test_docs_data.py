@@ -655,7 +655,7 @@ def test_gpu_check_skips_a_part_with_less_than_four_fifths_of_its_limit_left(
     capsys.readouterr()
 
 
-def test_gpu_check_summary_has_the_780m_table_only_with_both_precisions(tmp_path):
+def test_gpu_check_summary_has_the_780m_table_with_or_without_its_tf32_half(tmp_path):
     import json
     import shutil
 
@@ -668,10 +668,17 @@ def test_gpu_check_summary_has_the_780m_table_only_with_both_precisions(tmp_path
     mixed = rows["spectra-adamw-mixed"]
     line = f"| `spectra-adamw-mixed` | {1e3 * mixed['step_s']:.1f} | {mixed['vs_bf16']:.2f} |"
     assert line in markdown_summary(stored)
-    # without the TF32 half the table is left out, the rest stays
+    # without the TF32 half its columns read "–"; without the float32 half no table
     folder = shutil.copytree(stored, tmp_path / "gpu")
     index = json.loads((folder / "gpu_check.json").read_text())
-    index["parts"]["bench_optim_780m_tf32"] = {"status": "failed"}
+    index["parts"]["bench_optim_780m_tf32"] = {"status": "not run", "reason": "budget"}
+    (folder / "gpu_check.json").write_text(json.dumps(index))
+    summary = markdown_summary(folder)
+    assert (
+        f"| `spectra-adamw-mixed` | {1e3 * mixed['step_s']:.1f} | {mixed['vs_bf16']:.2f} | – | – |"
+        in summary
+    )
+    index["parts"]["bench_optim_780m"] = {"status": "failed"}
     (folder / "gpu_check.json").write_text(json.dumps(index))
     summary = markdown_summary(folder)
     assert heading not in summary and "Optimizer step at the 124M shapes" in summary
