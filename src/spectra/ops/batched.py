@@ -102,10 +102,13 @@ def batched_apply_all_(
         products = bool(mats) and matmul_only is not None and matmul_only(mats[0])
         cap = max_elements or -(-total // (MATMUL_BATCH_FRACTION if products else BATCH_FRACTION))
         later = getattr(op, "deferred", None)
+        now: list[Tensor] = []  # a batch shares shape, dtype and device: one answer for all
         for batch in _batches(mats, cap):
             if later is not None and later(batch[0]):
                 deferred.append((op, batch))
-        direct.append((op, [X for X in mats if later is None or not later(X)], cap, products))
+            else:
+                now += batch
+        direct.append((op, now, cap, products))
     with torch.set_grad_enabled(grad):
         pending = [op.begin(_stack(batch)) for op, batch in deferred]
     requests = [p.request for p in pending]

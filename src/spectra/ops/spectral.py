@@ -480,8 +480,8 @@ def _polar_xh(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
 def _polar_grams(
     Xh: Tensor, split: bool, x_inv: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and
-    ``s²_max = min(‖G‖_F, max_i Σ_j |G_ij|, ‖G²‖_F^{1/2})`` (float64)."""
+    """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
+    :func:`_gram_square_and_bound`."""
     mm = split_bf16_matmul if split else torch.matmul
     G = mm(Xh, Xh.mT)
     if x_inv is not None:

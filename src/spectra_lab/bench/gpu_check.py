@@ -171,10 +171,14 @@ def check_bench_ops(out: Path, timeout: float, tf32: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def optim_part(size: str, tf32: bool) -> str:
+    """The name of a ``bench optim`` part (and of its file): ``bench_optim[_780m][_tf32]``."""
+    return "bench_optim" + (f"_{size}" if size else "") + ("_tf32" if tf32 else "")
+
+
 def check_bench_optim(out: Path, timeout: float, tf32: bool, size: str = "") -> dict[str, Any]:
     """``bench optim`` at the 124M shapes, or at the 780M ones with ``size="780m"``."""
-    name = "_".join(["bench_optim", *([size] if size else []), *(["tf32"] if tf32 else [])])
-    name += ".json"
+    name = optim_part(size, tf32) + ".json"
     args = OPTIM_780M_ARGS if size == "780m" else OPTIM_ARGS
     cmd = spectra_command("bench", "optim", "--device", "cuda", *args, "--json", str(out / name))
     status, output = run_process(cmd + (["--tf32"] if tf32 else []), timeout)
@@ -360,7 +364,7 @@ def markdown_summary(folder: str | Path) -> str:
             )
         lines.append("")
     for size, heading in (("", "124M shapes (`bench optim`, float32 parameters, median of 10)"),
-                          ("_780m", "780M shapes (float32 parameters, median of 4)")):  # fmt: skip
+                          ("780m", "780M shapes (float32 parameters, median of 4)")):  # fmt: skip
         lines += optim_table(parts, size, heading)
     if all(parts.get(p, {}).get("status") == "passed" for p in ("bench_ops", "bench_ops_tf32")):
         full, tf32 = (ops_figures(folder / f) for f in ("bench_ops.json", "bench_ops_tf32.json"))
@@ -382,7 +386,7 @@ def markdown_summary(folder: str | Path) -> str:
 def optim_table(parts: dict[str, Any], size: str, heading: str) -> list[str]:
     """The markdown lines of one ``bench optim`` pair, if its float32 part passed; the TF32
     columns read "–" where that part did not (a budget that ran out first)."""
-    full, tf32 = (parts.get(f"bench_optim{size}{t}", {}) for t in ("", "_tf32"))
+    full, tf32 = (parts.get(optim_part(size, t), {}) for t in (False, True))
     if full.get("status") != "passed":
         return []
     with_tf32 = tf32.get("status") == "passed"
