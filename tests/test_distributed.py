@@ -112,6 +112,49 @@ def test_ddp_split_divides_the_spectral_work_and_equals_one_process(tmp_path):
     assert all(n > 0 for n in per_rank)
 
 
+MIXED_SHAPES = [(24, 40)] * 6 + [(40, 24)] * 3 + [(40,)]
+
+
+def _train_mixed() -> list[torch.Tensor]:
+    # float32 matrices whose directions (SGD-M's: the gradients' scale) span σ_max/c ≈ 1–100,
+    # so that each batch's largest α, which sets the batch's schedule, depends on which
+    # matrices share it
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randn(s, generator=g).requires_grad_() for s in MIXED_SHAPES]
+    opt = so.SGDM(ps, lr=1e-2, clip_c=0.5, clip_method="mixed")
+    for _ in range(STEPS):
+        for i, p in enumerate(ps):
+            p.grad = 0.05 * 100 ** (i / 8) * torch.randn(p.shape, generator=g)
+        opt.step()
+    return [p.detach() for p in ps]
+
+
+def _mixed_worker(rank: int, tmp: Path) -> None:
+    torch.save(_train_mixed(), tmp / f"mixed_{rank}.pt")
+
+
+def test_ddp_split_takes_whole_batches_so_a_batch_shared_schedule_equals_one_process(tmp_path):
+    # "mixed" runs one schedule per batch, set by the batch's largest α: the ranks divide the
+    # batches one process forms, not the matrices, and the weights equal one process's
+    _spawn(_mixed_worker, tmp_path)
+    reference = _train_mixed()
+    for r in range(WORLD):
+        for a, b in zip(torch.load(tmp_path / f"mixed_{r}.pt"), reference, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_replicated_owners_take_the_batches_of_one_process():
+    from spectra.ops.batched import batch_indices
+
+    op = spectra_chain.SpectralOp("soft_clip", 0.5, "mixed")
+    mats = [torch.zeros(s) for s in [(24, 40)] * 6 + [(40, 24)] * 3]
+    # one batch per shape (under MATMUL_MIN_BATCH elements), or two matrices a batch
+    assert batch_indices([(op, mats)]) == [(0, list(range(6))), (0, [6, 7, 8])]
+    assert batch_indices([(op, mats)], max_elements=2 * 960) == [
+        (0, [0, 1]), (0, [2, 3]), (0, [4, 5]), (0, [6, 7]), (0, [8])
+    ]  # fmt: skip
+
+
 ADAPTIVE_KW = {"clip_c": 0.3, "pre_clip_kappa": 0.5, "pre_clip_beta": 0.5}
 
 

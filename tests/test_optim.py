@@ -705,9 +705,10 @@ def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each()
         torch.set_num_threads(threads)
 
 
-def test_batched_apply_runs_matmul_only_batches_of_an_eighth_on_the_calling_thread():
+def test_batched_apply_runs_matmul_only_batches_of_an_eighth_on_the_calling_thread(monkeypatch):
     import threading
 
+    import spectra.ops.batched as batched
     from spectra.ops import batched_apply_, soft_clip
     from spectra.ops.batched import BATCH_FRACTION, MATMUL_BATCH_FRACTION
 
@@ -731,6 +732,11 @@ def test_batched_apply_runs_matmul_only_batches_of_an_eighth_on_the_calling_thre
     torch.set_num_threads(2)
     try:
         products = Op(True)
+        # at most MATMUL_MIN_BATCH elements in all: one batch per shape
+        batched_apply_(products, [m.clone() for m in mats])
+        assert sorted(s[2] for s in products.seen) == [8, 16]
+        products.seen.clear()
+        monkeypatch.setattr(batched, "MATMUL_MIN_BATCH", 0)
         batched_apply_(products, [m.clone() for m in mats])
         # batches of total/8 elements, one after another on the caller's two threads
         assert {(s[0], s[1]) for s in products.seen} == {(threading.get_ident(), 2)}
@@ -822,9 +828,9 @@ def test_chunked_step_batches_with_the_whole_steps_budget(monkeypatch):
     seen = []
     real = chain.batched_apply_all_
 
-    def spy(jobs, *, max_elements=None, finite=None):
-        seen.append(max_elements)
-        return real(jobs, max_elements=max_elements, finite=finite)
+    def spy(jobs, **kw):
+        seen.append(kw["max_elements"])
+        return real(jobs, **kw)
 
     monkeypatch.setattr(chain, "batched_apply_all_", spy)
     ps = [torch.randn(32, 32, requires_grad=True) for _ in range(8)]

@@ -85,10 +85,11 @@ NATIVE = {
 @pytest.mark.parametrize("name", list(NATIVE))
 @pytest.mark.parametrize("method", ["polar", "mixed"])
 def test_a_step_on_the_matmul_only_route_reads_the_device_once(name, method):
-    # six matrices in six operator batches (each above 1/32 of the step's elements), and the
-    # gradients' and directions' finite checks: one read of 1 + 6 × (α, finite, in range)
+    # six matrices in five operator batches (one per shape: the step has fewer elements than
+    # a matmul-only batch's floor, MATMUL_MIN_BATCH), and the gradients' and directions'
+    # finite checks: one read of 1 + 5 × (α, finite, in range)
     seen = reads_of_one_step(NATIVE[name], clip_c=0.5, clip_method=method)
-    assert seen == ["tolist of (19,) torch.float64"], seen
+    assert seen == ["tolist of (16,) torch.float64"], seen
 
 
 def test_the_wrapper_reads_the_device_once_per_chunk():

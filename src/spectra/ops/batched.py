@@ -20,18 +20,62 @@ BATCH_FRACTION = 32
 #: (``m ≤ n``): the main job's optimizer step took 92 ms at 1/32 and 75 ms at 1/8 on a 2-core
 #: CPU with bf16 units (docs/operators.md).
 MATMUL_BATCH_FRACTION = 8
+#: ...but never below this many elements (4 MiB of float32): each batch also runs about a
+#: hundred small operations on its per-matrix scalars and temporaries, which outweigh what a
+#: smaller batch saves in memory. The main job's clip took 19.4 ms in nine batches of 1/8 and
+#: 15.6 ms in three with this floor (two threads, a CPU with bf16 units).
+MATMUL_MIN_BATCH = 2**20
 
 
-def _batches(mats: list[Tensor], max_elements: int) -> list[list[Tensor]]:
-    """Same-shaped, same-dtype, same-device matrices in runs of at most ``max_elements``."""
-    groups: dict[tuple, list[Tensor]] = {}
-    for X in mats:
-        groups.setdefault((tuple(X.shape), X.dtype, X.device), []).append(X)
+def _batch_indices(mats: Sequence[Tensor], max_elements: int) -> list[list[int]]:
+    """Positions of same-shaped, same-dtype, same-device matrices in runs of at most
+    ``max_elements`` elements (at least one matrix each), in order."""
+    groups: dict[tuple, list[int]] = {}
+    for i, X in enumerate(mats):
+        groups.setdefault((tuple(X.shape), X.dtype, X.device), []).append(i)
     out = []
     for (shape, _, _), group in groups.items():
         per_batch = max(1, max_elements // max(1, shape[0] * shape[1]))
         out += [group[i : i + per_batch] for i in range(0, len(group), per_batch)]
     return out
+
+
+def _batches(mats: list[Tensor], max_elements: int) -> list[list[Tensor]]:
+    return [[mats[i] for i in batch] for batch in _batch_indices(mats, max_elements)]
+
+
+def _cap(op: Callable, mats: Sequence[Tensor], max_elements: int | None, total: int) -> int:
+    """The batch cap of ``op`` on ``mats`` in a call of ``total`` elements."""
+    if max_elements is not None:
+        return max_elements
+    if _products(op, mats):
+        return max(MATMUL_MIN_BATCH, -(-total // MATMUL_BATCH_FRACTION))
+    return -(-total // BATCH_FRACTION)
+
+
+def _products(op: Callable, mats: Sequence[Tensor]) -> bool:
+    matmul_only = getattr(op, "matmul_only", None)
+    return bool(mats) and matmul_only is not None and matmul_only(mats[0])
+
+
+def batch_indices(
+    jobs: Sequence[tuple[Callable[[Tensor], Tensor], Sequence[Tensor]]],
+    *,
+    max_elements: int | None = None,
+) -> list[tuple[int, list[int]]]:
+    """The batches :func:`batched_apply_all_` forms for ``jobs``: ``(job, positions)`` pairs.
+
+    A call on a subset of the matrices made of whole batches, given ``total`` (the elements of
+    all of them), forms the same batches: replicated runs divide batches among their ranks
+    this way (:func:`spectra.optim.distributed.apply_replicated`), so that each matrix meets the
+    same batch-mates, and so the same iteration, as in one process.
+    """
+    total = sum(X.numel() for _, mats in jobs for X in mats)
+    return [
+        (j, batch)
+        for j, (op, mats) in enumerate(jobs)
+        for batch in _batch_indices(mats, _cap(op, mats, max_elements, total))
+    ]
 
 
 def batched_apply_(
@@ -45,10 +89,10 @@ def batched_apply_(
     ``op`` maps a ``(B, m, n)`` batch to a tensor of the same shape (any operator of
     :mod:`spectra.ops`). Matrices that share shape, dtype and device are stacked into batches of
     at most ``max_elements`` elements (at least one matrix each; ``None``: the elements of all
-    the call's matrices over :data:`BATCH_FRACTION`, or over :data:`MATMUL_BATCH_FRACTION` for
-    an ``op`` whose ``matmul_only(X)`` is true) and the results are copied back. The transient
-    memory of a call is one batch, its stack and ``op``'s own temporaries (off the CPU, see
-    :func:`batched_apply_all_`).
+    the call's matrices over :data:`BATCH_FRACTION`, or for an ``op`` whose ``matmul_only(X)``
+    is true over :data:`MATMUL_BATCH_FRACTION` but at least :data:`MATMUL_MIN_BATCH`) and the
+    results are copied back. The transient memory of a call is one batch, its stack and
+    ``op``'s own temporaries (off the CPU, see :func:`batched_apply_all_`).
 
     On the CPU with ``T = torch.get_num_threads() > 1``, batches of at most ``max_elements / T``
     elements run side by side on ``T`` Python threads, each with one intra-op thread, so the
@@ -72,6 +116,7 @@ def batched_apply_all_(
     *,
     max_elements: int | None = None,
     finite: Tensor | None = None,
+    total: int | None = None,
 ) -> bool:
     r"""``X ← op(X)`` for every ``(op, matrices)`` job, each batched as by
     :func:`batched_apply_`, with one host read for all the operators that need one.
@@ -87,7 +132,8 @@ def batched_apply_all_(
     :func:`batched_apply_`, after the read.
 
     ``finite``: a 0-d bool tensor read with the requests; when it holds False no matrix is
-    changed and False is returned. True otherwise.
+    changed and False is returned. True otherwise. ``total``: the elements the default caps are
+    shares of (default: the call's own; see :func:`batch_indices`).
     """
     for _, mats in jobs:
         for X in mats:
@@ -95,12 +141,12 @@ def batched_apply_all_(
                 raise ValueError(f"batched_apply_ takes 2-D matrices, got shape {tuple(X.shape)}")
     grad = torch.is_grad_enabled()  # grad mode is per thread: the workers get the caller's
     deferred, direct = [], []
-    total = sum(X.numel() for _, mats in jobs for X in mats)  # the caps are shares of the call
+    if total is None:  # the caps are shares of the call
+        total = sum(X.numel() for _, mats in jobs for X in mats)
     for op, mats in jobs:
         mats = list(mats)
-        matmul_only = getattr(op, "matmul_only", None)
-        products = bool(mats) and matmul_only is not None and matmul_only(mats[0])
-        cap = max_elements or -(-total // (MATMUL_BATCH_FRACTION if products else BATCH_FRACTION))
+        products = _products(op, mats)
+        cap = _cap(op, mats, max_elements, total)
         later = getattr(op, "deferred", None)
         now: list[Tensor] = []  # a batch shares shape, dtype and device: one answer for all
         for batch in _batches(mats, cap):

@@ -80,6 +80,12 @@ POLAR_MAX_ALPHA = {
 # conditioned by at most 1/MIXED_BF16_FROM² = 4 (0.2 and 0.3 measured up to 1.2e-2 error at
 # σ_max/c = 1e5, 0.5 at most 6.5e-3; docs/operators.md).
 MIXED_BF16_FROM = 0.5
+# ...and at most this many steps, the last ones, run in bf16: the coupled iteration corrects
+# the error of a step's polynomial but not the rounding of its iterates, so each bf16 step
+# adds its roundings to the result. With three, full-rank 32×64 inputs at σ_max/c = 37–1000
+# measured up to 1.7e-2 error; with two, at most 5.9e-3 in a sweep of 400 random shapes,
+# ranks and σ_max/c up to 1e5 (docs/operators.md).
+MIXED_MAX_BF16_STEPS = 2
 
 # Method "eigh" sums the Gram matrix over GRAM_BLOCKS column blocks (of at least
 # GRAM_MIN_BLOCK columns), so that its scaled float64 copy of X is an eighth of X at a time.
@@ -711,7 +717,8 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     matrix's precision (float32; float64 where :func:`soft_clip_polar` would use it) and give
     ``Z_e = p_e(…)·…·p_1(M̂)`` and ``E = Z_e M̂ Z_e``, whose eigenvalues ``s_e²`` lie in
     ``[ℓ_e², 1]``. ``e`` is the first step with ``ℓ_e ≥ MIXED_BF16_FROM`` (0.5), so E is
-    conditioned by at most 4 whatever α is. The remaining quintics run in bf16 on E alone
+    conditioned by at most 4 whatever α is, and at least ``K − 2`` (``MIXED_MAX_BF16_STEPS``):
+    each bf16 step's roundings stay in the result. The remaining quintics run in bf16 on E alone
     (bf16 products; each ``aI + bE + cE²`` one fused product that sums in float32), giving
     ``W ≈ E^{-1/2}``; then ``K = W Z_e ≈ M̂^{-1/2}`` (all factors are functions of M̂) and
     ``H_c(X) = K X/√α``, both products in the Gram matrix's precision.
@@ -851,12 +858,15 @@ def _coupled_steps(
 
 def _mixed_exact_steps(coeffs: tuple[tuple[float, float, float], ...], ell: float) -> int:
     """Steps of ``soft_clip_mixed`` that run in the Gram matrix's precision: until the
-    smallest singular value ``ℓ_k = p_k(ℓ_{k−1})`` reaches ``MIXED_BF16_FROM``."""
+    smallest singular value ``ℓ_k = p_k(ℓ_{k−1})`` reaches ``MIXED_BF16_FROM``, and all but
+    the last ``MIXED_MAX_BF16_STEPS``."""
+    exact = len(coeffs)
     for k, (a, b, c) in enumerate(coeffs):
         if ell >= MIXED_BF16_FROM:
-            return k
+            exact = k
+            break
         ell = a * ell + b * ell**3 + c * ell**5
-    return len(coeffs)
+    return max(exact, len(coeffs) - MIXED_MAX_BF16_STEPS)
 
 
 def _orient(Y: Tensor, transposed: bool) -> Tensor:

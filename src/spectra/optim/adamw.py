@@ -45,14 +45,18 @@ def adam_direction(
     ``U = (m/(1−β₁ᵗ)) / (√v/√(1−β₂ᵗ) + ε)``. ``out`` may alias ``grads``.
     """
     adam_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
-    # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars.
-    bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in steps]
-    torch._foreach_copy_(out, exp_avg_sqs)
-    torch._foreach_sqrt_(out)
-    torch._foreach_add_(out, [eps * b for b in bc2_sqrt])
-    torch._foreach_reciprocal_(out)
-    torch._foreach_mul_(out, exp_avgs)
-    torch._foreach_mul_(out, [b / (1.0 - beta1**t) for b, t in zip(bc2_sqrt, steps, strict=True)])
+    # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars, in three
+    # passes over memory: √v, + ε√(1−β₂ᵗ), then 0 + k·m/denominator in one addcdiv (whose
+    # input is a 0-d zero). Six foreach passes (copy, sqrt, add, reciprocal, two products) took
+    # 4.5 ms against 3.1 at the main job's shapes (two threads).
+    zero = None
+    for o, m, v, t in zip(out, exp_avgs, exp_avg_sqs, steps, strict=True):
+        if zero is None or zero.device != o.device or zero.dtype != o.dtype:
+            zero = o.new_zeros(())
+        bc2_sqrt = math.sqrt(1.0 - beta2**t)
+        torch.sqrt(v, out=o)
+        o.add_(eps * bc2_sqrt)
+        torch.addcdiv(zero, m, o, value=bc2_sqrt / (1.0 - beta1**t), out=o)
 
 
 class AdamW(SpectraOptimizer):

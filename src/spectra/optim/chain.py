@@ -202,19 +202,21 @@ def _apply_ops(
             whole.append((op, t.view(pl.shape)))
 
     def apply_local(
-        items: Sequence[tuple[SpectralOp, Tensor]], finite: Tensor | None = None
+        items: Sequence[tuple[SpectralOp, Tensor]],
+        total: int | None = None,
+        finite: Tensor | None = None,
     ) -> bool:
         by_op: dict[SpectralOp, list[Tensor]] = {}
         for op, X in items:
             by_op.setdefault(op, []).append(X)
         jobs = list(by_op.items())
-        return batched_apply_all_(jobs, max_elements=batch_elements, finite=finite)
+        return batched_apply_all_(jobs, max_elements=batch_elements, finite=finite, total=total)
 
     if group is None:
-        if not apply_local(whole, finite):
+        if not apply_local(whole, finite=finite):
             return False
     else:
-        apply_replicated(whole, group, apply_local)
+        apply_replicated(whole, group, apply_local, batch_elements)
     apply_sharded(sharded)
     return True
 

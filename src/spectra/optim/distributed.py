@@ -3,8 +3,9 @@ r"""The spectral links of the SPECTRA chain across the ranks of ``torch.distribu
 Two layouts.
 
 * **Replicated** parameters (DDP): every rank holds the same matrices. Each matrix gets one
-  owner rank (:func:`assign_owners`, balanced by the operator's cost ``m·n·min(m, n)``, not by
-  count); a rank applies the operator to the matrices it owns only, then each owner broadcasts
+  owner rank, with the batch one process would put it in (:func:`apply_replicated`; batches
+  balanced by the operator's cost ``m·n·min(m, n)``, not by count); a rank applies the
+  operator to the matrices it owns only, then each owner broadcasts
   its results to the others in one flat buffer per owner and dtype. The math runs once, not
   once per rank.
 * **Sharded** parameters (``DTensor`` with Shard and Replicate placements on a 1-D or 2-D mesh:
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from spectra.ops._common import fp32_products_are_ieee
+from spectra.ops.batched import batch_indices
 
 if TYPE_CHECKING:  # the chain's operator type (the chain imports this module)
     from spectra.optim.chain import SpectralOp
@@ -148,10 +150,14 @@ def assign_owners(shapes: Sequence[tuple[int, int]], world: int) -> list[int]:
 
     Deterministic (ties go to the lower index and rank), so every rank computes the same map.
     """
-    costs = [m * n * min(m, n) for m, n in shapes]
+    return _balanced([m * n * min(m, n) for m, n in shapes], world)
+
+
+def _balanced(costs: Sequence[int], world: int) -> list[int]:
+    """Owners of items of these costs: greedy longest-first, ties to the lower index and rank."""
     load = [0] * world
-    owners = [0] * len(shapes)
-    for i in sorted(range(len(shapes)), key=lambda i: (-costs[i], i)):
+    owners = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
         r = min(range(world), key=lambda r: (load[r], r))
         owners[i] = r
         load[r] += costs[i]
@@ -161,15 +167,36 @@ def assign_owners(shapes: Sequence[tuple[int, int]], world: int) -> list[int]:
 def apply_replicated(
     items: Sequence[tuple[Op, Tensor]],
     group: dist.ProcessGroup,
-    apply_local: Callable[[Sequence[tuple[Op, Tensor]]], None],
+    apply_local: Callable[[Sequence[tuple[Op, Tensor]], int], None],
+    max_elements: int | None = None,
 ) -> None:
     """``X ← op(X)`` for replicated 2-D matrices, each computed by its owner and broadcast.
 
-    ``apply_local(items)`` applies the operators to this rank's share (batched).
+    The owners take whole batches, the ones one process would form
+    (:func:`spectra.ops.batched.batch_indices` with ``max_elements``), balanced by the
+    operators' cost: each matrix meets the same batch-mates as in one process, so the methods
+    whose iteration a batch shares (the matmul-only soft clips' schedule) give its results.
+    ``apply_local(items, total)`` applies the operators to this rank's share, batched as a
+    call on ``total`` elements.
     """
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    owners = assign_owners([tuple(X.shape) for _, X in items], world)
-    apply_local([it for it, o in zip(items, owners, strict=True) if o == rank])
+    jobs: dict[Op, list[int]] = {}
+    for i, (op, _) in enumerate(items):
+        jobs.setdefault(op, []).append(i)
+    positions = list(jobs.values())
+    batches = batch_indices(
+        [(op, [items[i][1] for i in idx]) for op, idx in jobs.items()], max_elements=max_elements
+    )
+    costs = [
+        sum(m * n * min(m, n) for m, n in (items[positions[j][k]][1].shape for k in batch))
+        for j, batch in batches
+    ]
+    owners = [0] * len(items)
+    for (j, batch), owner in zip(batches, _balanced(costs, world), strict=True):
+        for k in batch:
+            owners[positions[j][k]] = owner
+    total = sum(X.numel() for _, X in items)
+    apply_local([it for it, o in zip(items, owners, strict=True) if o == rank], total)
     for r in range(world):
         by_dtype: dict[torch.dtype, list[Tensor]] = {}
         for (_, X), o in zip(items, owners, strict=True):
