@@ -72,7 +72,12 @@ def soft_ref(X, c):
 # --------------------------------------------------------------------------- base algorithms
 
 
-def test_adamw_without_clip_matches_torch_adamw_over_100_steps_float32():
+@pytest.mark.parametrize("per_tensor", [("cpu",), ()], ids=["per-tensor", "foreach"])
+def test_adamw_without_clip_matches_torch_adamw_over_100_steps_float32(monkeypatch, per_tensor):
+    # both forms of the direction: tensor by tensor (the CPU's) and multi-tensor (elsewhere)
+    from spectra.optim import adamw
+
+    monkeypatch.setattr(adamw, "PER_TENSOR_DEVICES", per_tensor)
     p1, p2 = make_params(torch.float32), make_params(torch.float32)
     o1 = so.AdamW(p1, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1, clip_c=None)
     o2 = torch.optim.AdamW(p2, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1, foreach=True)
