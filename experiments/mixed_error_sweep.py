@@ -24,6 +24,7 @@ import torch
 
 import spectra.ops.spectral as spectral
 from spectra.ops import soft_clip
+from spectra_lab.bench.ops import spiked
 
 
 def soft_ref(X: torch.Tensor, c: float) -> torch.Tensor:
@@ -49,22 +50,6 @@ def cases(count: int, seed: int) -> list[tuple[torch.Tensor, float]]:
     return out
 
 
-def spiked(shape: tuple[int, ...], c: float, spike: float, kind: str) -> torch.Tensor:
-    """Singular values ``c·logspace(0, −3)`` with the largest set to ``spike·c``, singular
-    vectors those of an Adam-like, sign or Gaussian matrix (float64)."""
-    gen = torch.Generator().manual_seed(0)
-    g = torch.randn(shape, generator=gen, dtype=torch.float64)
-    if kind == "sign":
-        g = torch.sign(g)
-    elif kind == "adam":
-        v = 0.9 * torch.randn(shape, generator=gen, dtype=torch.float64) ** 2 + 0.1 * g * g
-        g = g / (v.sqrt() + 1e-3)
-    U, S, Vh = torch.linalg.svd(g, full_matrices=False)
-    S = c * torch.logspace(0, -3, S.shape[-1], dtype=torch.float64).expand_as(S).clone()
-    S[..., 0] = spike * c
-    return (U * S.unsqueeze(-2)) @ Vh
-
-
 def spiked_table() -> None:
     c = 0.7
     shapes = [(48, 96), (96, 40), (3, 32, 32), (192, 512), (1, 64)]
@@ -75,7 +60,7 @@ def spiked_table() -> None:
         for shape in shapes:
             for kind in ("adam", "sign", "gauss"):
                 for dtype in (torch.float32, torch.bfloat16):
-                    X = spiked(shape, c, spike, kind).to(dtype)
+                    X = spiked(shape, c, spike, kind, dtype=dtype)
                     ref = soft_ref(X, c)
                     Y = soft_clip(X, c, method="mixed").double()
                     errors.append(float((Y - ref).norm() / ref.norm()))

@@ -22,6 +22,7 @@ from spectra.ops import (
     spectral_lmo,
 )
 from spectra.ops.polar import inverse_sqrt_schedule, polar_express_band
+from spectra_lab.bench.ops import spiked
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -57,25 +58,6 @@ def with_spectrum(shape, sigma, seed=0, dtype=torch.float64):
     V, _ = torch.linalg.qr(torch.randn(*batch, n, k, generator=gen, dtype=torch.float64))
     s = torch.as_tensor(sigma, dtype=torch.float64)
     return ((U * s) @ V.mT).to(dtype)
-
-
-def spiked(shape, c, spike_over_c, kind="adam", seed=0, dtype=torch.float32):
-    """A bulk with σ/c log-spaced in [1e-3, 1] (Adam-like, sign-like or Gaussian singular
-    vectors) plus one spike at σ = spike_over_c·c."""
-    gen = torch.Generator().manual_seed(seed)
-    g = torch.randn(shape, generator=gen, dtype=torch.float64)
-    if kind == "sign":
-        X = torch.sign(g)
-    elif kind == "adam":
-        v = 0.9 * torch.randn(shape, generator=gen, dtype=torch.float64) ** 2 + 0.1 * g * g
-        X = g / (v.sqrt() + 1e-3)
-    else:
-        X = g
-    U, S, Vh = torch.linalg.svd(X, full_matrices=False)
-    k = S.shape[-1]
-    S = c * torch.logspace(0, -3, k, dtype=torch.float64).expand_as(S).clone()
-    S[..., 0] = spike_over_c * c
-    return ((U * S.unsqueeze(-2)) @ Vh).to(dtype)
 
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}

@@ -44,11 +44,12 @@ def _batches(mats: list[Tensor], max_elements: int) -> list[list[Tensor]]:
     return [[mats[i] for i in batch] for batch in _batch_indices(mats, max_elements)]
 
 
-def _cap(op: Callable, mats: Sequence[Tensor], max_elements: int | None, total: int) -> int:
-    """The batch cap of ``op`` on ``mats`` in a call of ``total`` elements."""
+def _cap(products: bool, max_elements: int | None, total: int) -> int:
+    """The batch cap of an op (``products``: a matmul-only one) in a call of ``total``
+    elements."""
     if max_elements is not None:
         return max_elements
-    if _products(op, mats):
+    if products:
         return max(MATMUL_MIN_BATCH, -(-total // MATMUL_BATCH_FRACTION))
     return -(-total // BATCH_FRACTION)
 
@@ -74,7 +75,7 @@ def batch_indices(
     return [
         (j, batch)
         for j, (op, mats) in enumerate(jobs)
-        for batch in _batch_indices(mats, _cap(op, mats, max_elements, total))
+        for batch in _batch_indices(mats, _cap(_products(op, mats), max_elements, total))
     ]
 
 
@@ -146,7 +147,7 @@ def batched_apply_all_(
     for op, mats in jobs:
         mats = list(mats)
         products = _products(op, mats)
-        cap = _cap(op, mats, max_elements, total)
+        cap = _cap(products, max_elements, total)
         later = getattr(op, "deferred", None)
         now: list[Tensor] = []  # a batch shares shape, dtype and device: one answer for all
         for batch in _batches(mats, cap):

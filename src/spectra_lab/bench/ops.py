@@ -113,6 +113,32 @@ def make_input(kind: str, shape: tuple[int, ...], seed: int = 0) -> Tensor:
     return X + SPIKE_OVER_C * CLIP_C * (u @ w)
 
 
+def spiked(
+    shape: tuple[int, ...],
+    c: float,
+    spike_over_c: float,
+    kind: str = "adam",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """A stress input: singular values ``c·logspace(0, −3)`` (the bulk, from c down to c/1000)
+    with the largest set to ``spike_over_c·c``, and the singular vectors of an Adam-like
+    (``"adam"``), sign (``"sign"``) or Gaussian (``"gauss"``) matrix."""
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if kind == "sign":
+        g = torch.sign(g)
+    elif kind == "adam":
+        v = 0.9 * torch.randn(shape, generator=gen, dtype=torch.float64) ** 2 + 0.1 * g * g
+        g = g / (v.sqrt() + 1e-3)
+    elif kind != "gauss":
+        raise ValueError(f"unknown spiked kind {kind!r}; expected adam, sign or gauss")
+    U, S, Vh = torch.linalg.svd(g, full_matrices=False)
+    S = c * torch.logspace(0, -3, S.shape[-1], dtype=torch.float64).expand_as(S).clone()
+    S[..., 0] = spike_over_c * c
+    return ((U * S.unsqueeze(-2)) @ Vh).to(dtype)
+
+
 def references(X: Tensor, c: float) -> dict[str, Tensor]:
     """``H_c(X)`` and ``UVᵀ`` from one float64 SVD of X."""
     with single_thread_lapack(X.device):
