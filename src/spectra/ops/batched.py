@@ -22,8 +22,9 @@ BATCH_FRACTION = 32
 MATMUL_BATCH_FRACTION = 8
 #: ...but never below this many elements (4 MiB of float32): each batch also runs about a
 #: hundred small operations on its per-matrix scalars and temporaries, which outweigh what a
-#: smaller batch saves in memory. The main job's clip took 19.4 ms in nine batches of 1/8 and
-#: 15.6 ms in three with this floor (two threads, a CPU with bf16 units).
+#: smaller batch saves in memory. The main job's optimizer step took 35.5 ms with nine batches
+#: of 1/8 and 30.8 ms with three at this floor (two threads, a CPU with bf16 units;
+#: experiments/batch_floor_ab.py).
 MATMUL_MIN_BATCH = 2**20
 
 

@@ -82,9 +82,9 @@ POLAR_MAX_ALPHA = {
 MIXED_BF16_FROM = 0.5
 # ...and at most this many steps, the last ones, run in bf16: the coupled iteration corrects
 # the error of a step's polynomial but not the rounding of its iterates, so each bf16 step
-# adds its roundings to the result. With three, full-rank 32×64 inputs at σ_max/c = 37–1000
-# measured up to 1.7e-2 error; with two, at most 5.9e-3 in a sweep of 400 random shapes,
-# ranks and σ_max/c up to 1e5 (docs/operators.md).
+# adds its roundings to the result. Over 400 random products of Gaussian matrices (shapes up
+# to 48×96, σ_max/c up to 1e5) the worst error was 1.6e-2 with three or more and 8.0e-3 with
+# two (experiments/mixed_error_sweep.py, docs/operators.md).
 MIXED_MAX_BF16_STEPS = 2
 
 # Method "eigh" sums the Gram matrix over GRAM_BLOCKS column blocks (of at least
