@@ -806,7 +806,9 @@ def _mixed_factor(c: float, plan: _PolarPlan) -> Tensor:
         Z = _add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * cc * wg * wi), a + b * wi + cc * wi * wi)
         Z, E = _coupled_steps(M_hat, coeffs[:exact], Z)
     if exact < len(coeffs):
-        W = _coupled_steps(E.to(torch.bfloat16), coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
+        E16 = E.to(torch.bfloat16)
+        del E, M_hat  # the bf16 steps see E alone: two m × m temporaries less meanwhile
+        W = _coupled_steps(E16, coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
         Z = W if Z is None else torch.bmm(W, Z)
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
 
