@@ -150,7 +150,13 @@ def assign_owners(shapes: Sequence[tuple[int, int]], world: int) -> list[int]:
 
     Deterministic (ties go to the lower index and rank), so every rank computes the same map.
     """
-    return _balanced([m * n * min(m, n) for m, n in shapes], world)
+    return _balanced([_cost(shape) for shape in shapes], world)
+
+
+def _cost(shape: Sequence[int]) -> int:
+    """An operator's cost on an ``(m, n)`` matrix, ``m·n·min(m, n)``, to balance owners by."""
+    m, n = shape
+    return m * n * min(m, n)
 
 
 def _balanced(costs: Sequence[int], world: int) -> list[int]:
@@ -187,10 +193,7 @@ def apply_replicated(
     batches = batch_indices(
         [(op, [items[i][1] for i in idx]) for op, idx in jobs.items()], max_elements=max_elements
     )
-    costs = [
-        sum(m * n * min(m, n) for m, n in (items[positions[j][k]][1].shape for k in batch))
-        for j, batch in batches
-    ]
+    costs = [sum(_cost(items[positions[j][k]][1].shape) for k in batch) for j, batch in batches]
     owners = [0] * len(items)
     for (j, batch), owner in zip(batches, _balanced(costs, world), strict=True):
         for k in batch:
