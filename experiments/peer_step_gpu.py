@@ -123,8 +123,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
-    ap.add_argument("--profile", default=None,
-                    help="write torch.profiler's top kernels of one 124M spectra-adamw step here")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="write torch.profiler's top kernels of one 124M spectra-adamw step here",
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
     results = []
