@@ -262,7 +262,7 @@ def test_nccl_world_size_one_gram_route_equals_the_operator(gpu):
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from spectra.optim import distributed as spectra_dist
-    from spectra.optim.chain import SpectralOp
+    from spectra.optim.plan import SpectralOp
 
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:

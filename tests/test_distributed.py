@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import spectra.optim as so
-from spectra.optim import chain as spectra_chain
+from spectra.optim import plan as spectra_plan
 
 WORLD = 2
 SHAPES = [(7, 5), (7, 5), (5, 3), (9, 4), (1, 4), (5,)]  # odd rows: uneven and empty shards
@@ -84,15 +84,15 @@ def _train_plain(name: str, split_work: bool = True) -> list[torch.Tensor]:
 
 def _replicated_worker(rank: int, tmp: Path) -> None:
     calls: list[tuple[int, ...]] = []
-    real = spectra_chain.soft_clip
+    real = spectra_plan.soft_clip
 
     def counting(X, c, **kw):
         calls.append(tuple(X.shape))
         return real(X, c, **kw)
 
-    spectra_chain.soft_clip = counting
+    spectra_plan.soft_clip = counting
     out = {name: _train_plain(name) for name in OPTIMIZERS}
-    spectra_chain.soft_clip = real
+    spectra_plan.soft_clip = real
     torch.save({"params": out, "calls": calls}, tmp / f"replicated_{rank}.pt")
 
 
@@ -146,7 +146,7 @@ def test_ddp_split_takes_whole_batches_so_a_batch_shared_schedule_equals_one_pro
 def test_replicated_owners_take_the_batches_of_one_process():
     from spectra.ops.batched import batch_indices
 
-    op = spectra_chain.SpectralOp("soft_clip", 0.5, "mixed")
+    op = spectra_plan.SpectralOp("soft_clip", 0.5, "mixed")
     mats = [torch.zeros(s) for s in [(24, 40)] * 6 + [(40, 24)] * 3]
     # one batch per shape (under MATMUL_MIN_BATCH elements), or two matrices a batch
     assert batch_indices([(op, mats)]) == [(0, list(range(6))), (0, [6, 7, 8])]

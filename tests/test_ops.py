@@ -21,7 +21,7 @@ from spectra.ops import (
     soft_clip_paper,
     spectral_lmo,
 )
-from spectra.ops.polar import inverse_sqrt_schedule, polar_express_band
+from spectra.ops.quintics import inverse_sqrt_schedule, polar_express_band
 from spectra_lab.bench.ops import spiked
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -142,7 +142,8 @@ def test_soft_clip_mixed_stays_at_the_bf16_floor_for_any_spike(kind, spike, shap
 
 
 def test_soft_clip_mixed_runs_its_first_steps_exactly_until_the_spectrum_is_compressed():
-    from spectra.ops.spectral import MIXED_BF16_FROM, MIXED_MAX_BF16_STEPS, _mixed_exact_steps
+    from spectra.ops.mixed import MIXED_BF16_FROM, MIXED_MAX_BF16_STEPS
+    from spectra.ops.mixed import exact_steps as _mixed_exact_steps
 
     # ℓ_k = p_k(ℓ_{k-1}) from ℓ₀ = 1/√α, written out: the first ℓ_k ≥ 0.5 ends the exact steps,
     # unless more than two steps would then be left (just above 10², 10³ and 10⁴, where the
@@ -197,19 +198,19 @@ class _ProductFlops(torch.overrides.TorchFunctionMode):
 @pytest.mark.parametrize("spike", [1.5, 10.0, 30.0, 100.0])
 @pytest.mark.parametrize("shape", [(48, 96), (96, 40)])
 def test_mixed_flops_are_the_products_the_method_runs(monkeypatch, spike, shape):
-    from spectra.ops import _common, spectral
+    from spectra.ops import _common, mixed, polar
     from spectra.ops._common import wide_view
-    from spectra.ops.spectral import _mixed_exact_steps
+    from spectra.ops.mixed import exact_steps as _mixed_exact_steps
     from spectra_lab.bench.ops import mixed_flops
 
     # bf16 products as one product each, as on a device with bf16 units
     monkeypatch.setattr(_common, "has_bf16_units", lambda device: True)
-    monkeypatch.setattr(spectral, "has_bf16_units", lambda device: True)
+    monkeypatch.setattr(mixed, "has_bf16_units", lambda device: True)
     c = 0.7
     X = spiked(shape, c, spike, kind="gauss")
     with _ProductFlops() as counted:
         soft_clip(X, c, method="mixed")
-    alpha = float(spectral._polar_gram(wide_view(X)[0], c, None).request[0])  # the call's α
+    alpha = float(polar.gram_state(wide_view(X)[0], c, None).request[0])  # the call's α
     ell = math.sqrt(1.0 / alpha)
     coeffs = inverse_sqrt_schedule(ell, 1e-3)
     full, half = mixed_flops(shape, len(coeffs), _mixed_exact_steps(coeffs, ell))
@@ -223,7 +224,7 @@ def test_mixed_gram_factor_from_g_alone_gives_the_single_process_clip(spike, sha
     # the Gram route's factor (G scaled by a power of two near max G_ii, not max|X|) gives
     # the same result as the call on X: powers of two scale exactly
     from spectra.ops._common import wide_view
-    from spectra.ops.spectral import mixed_gram_factor
+    from spectra.ops.mixed import mixed_gram_factor
 
     c = 0.7
     X = spiked(shape, c, spike, kind="adam")
@@ -252,7 +253,7 @@ def test_soft_clip_mixed_error_is_the_bf16_floor_not_the_polar_one():
 @pytest.mark.parametrize("kind", ["adam", "sign", "gauss"])
 @pytest.mark.parametrize("shape", [(48, 96), (96, 40), (3, 32, 32)])
 def test_split_bf16_polar_is_accurate_up_to_its_bound_and_hands_over_beyond(kind, shape):
-    from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, polar_steps
+    from spectra.ops.polar import POLAR_SPLIT_MAX_ALPHA, polar_steps
 
     c = 0.7
     for spike, mode, bar in [
@@ -374,7 +375,7 @@ def test_soft_clip_eigh_redoes_in_float64_when_the_float32_eigenvalues_say_so(mo
     e[0] = 1.0
     X = 150.0 * u @ V[:, :1].T + 90.0 * e @ V[:, 1:].T
     X = X + 0.01 * torch.randn(64, 96, generator=gen, dtype=torch.float64)
-    from spectra.ops.spectral import _sigma_max_lower_bound
+    from spectra.ops.eigh import sigma_max_lower_bound as _sigma_max_lower_bound
 
     assert (
         float(_sigma_max_lower_bound(X.float())) < 100 * c < float(torch.linalg.matrix_norm(X, 2))
@@ -408,7 +409,7 @@ def test_operators_use_float64_where_float32_products_are_not_ieee(monkeypatch):
 
 
 def soft_clip_polar_dtype(X, c):
-    from spectra.ops.spectral import polar_steps
+    from spectra.ops.polar import polar_steps
 
     return polar_steps(X, c)[1]
 
@@ -507,8 +508,8 @@ def composed_band(coeffs, lo=1e-3, hi=1.0):
     ],
 )
 def test_orthogonalize_singular_values_lie_in_the_documented_band(method, steps, dtype, slack):
-    from spectra.ops.polar import ORTH_COEFFS
-    from spectra.ops.spectral import MUON_NS_COEFFS
+    from spectra.ops.muon import MUON_NS_COEFFS
+    from spectra.ops.quintics import ORTH_COEFFS
 
     # singular values spread over σ/‖X‖_F ∈ [1e-2, 1) (the iteration normalises by ‖X‖_F)
     sigma = torch.logspace(0, -2, 24) * torch.tensor([3.0] + [1.0] * 23)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spectra.ops import _polar_coeffs as tables
-from spectra.ops.polar import (
+from spectra.ops.quintics import (
     MARGIN,
     coupled_inverse_sqrt,
     inverse_sqrt_schedule,

@@ -13,6 +13,7 @@ import torch
 
 import spectra.optim as so
 from spectra.optim import chain as spectra_chain
+from spectra.optim import plan as spectra_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -313,7 +314,7 @@ def test_clip_params_all_applies_the_vector_rule_to_1d_params():
 
 def test_same_shaped_matrices_are_clipped_in_one_batched_call(monkeypatch):
     calls = []
-    real = spectra_chain.soft_clip
+    real = spectra_plan.soft_clip
 
     def counting(X, c, **kw):
         calls.append(tuple(X.shape))
@@ -321,7 +322,7 @@ def test_same_shaped_matrices_are_clipped_in_one_batched_call(monkeypatch):
 
     ps = make_params(shapes=[(8, 6)] * 3 + [(6, 8), (7,)])
     opt = so.AdamW(ps, clip_c=0.1, batch_elements=10_000)
-    monkeypatch.setattr(spectra_chain, "soft_clip", counting)
+    monkeypatch.setattr(spectra_plan, "soft_clip", counting)
     for p in ps:
         p.grad = torch.randn_like(p)
     opt.step()

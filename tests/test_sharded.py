@@ -258,7 +258,7 @@ def _routes_worker(rank: int, tmp: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
-    from spectra.optim.chain import SpectralOp
+    from spectra.optim.plan import SpectralOp
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=4)
@@ -291,7 +291,7 @@ def _routes_worker(rank: int, tmp: str) -> None:
 
 
 def test_both_routes_on_a_2d_mesh_equal_the_operator_on_the_whole_matrix(tmp_path):
-    from spectra.optim.chain import SpectralOp
+    from spectra.optim.plan import SpectralOp
 
     mp.spawn(_routes_worker, args=(str(tmp_path),), nprocs=4, join=True)
     g = torch.Generator().manual_seed(3)

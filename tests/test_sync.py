@@ -4,7 +4,7 @@ On a GPU every read of a device tensor on the host (``.item()``, ``.tolist()``, 
 ``float(t)``, ``int(t)``) waits for the queue to drain. The matmul-only soft clip (``"polar"``,
 the CUDA default, and ``"mixed"``) must read α on the host; the step reads every operator's α
 and the finite checks together, once. These tests count the reads of one step on the CPU,
-where the same code runs with ``spectra.optim.chain.READ_ONCE_ON_CPU`` (the step counters are
+where the same code runs with ``spectra.optim.plan.READ_ONCE_ON_CPU`` (the step counters are
 CPU tensors on every device, as in torch's optimizers, and are not counted).
 """
 
@@ -53,9 +53,9 @@ def step_counters(opt) -> set[int]:
 @pytest.fixture(autouse=True)
 def gpu_path(monkeypatch):
     # the path every device but the CPU takes (there a read costs nothing)
-    from spectra.optim import chain
+    from spectra.optim import plan
 
-    monkeypatch.setattr(chain, "READ_ONCE_ON_CPU", True)
+    monkeypatch.setattr(plan, "READ_ONCE_ON_CPU", True)
 
 
 def reads_of_one_step(make, **kw) -> list[str]:

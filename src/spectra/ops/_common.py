@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -163,3 +163,35 @@ def single_thread_lapack(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+# --------------------------------------------------------------------------- shared by methods
+
+
+def vector_rule(x: Tensor, weight_of_norm: Callable[[Tensor], Tensor]) -> Tensor:
+    """Apply ``x ↦ x · w(‖x‖)`` to a 1-D tensor, with ``w(r) = φ(r)/r`` (the paper's vector
+    rule for an operator ``φ`` of the singular values)."""
+    wd = compute_dtype(x)
+    xw = x.to(wd)
+    r = torch.linalg.vector_norm(xw)
+    return (xw * weight_of_norm(r)).to(x.dtype)
+
+
+def pow2_scale(X: Tensor) -> Tensor:
+    """Per-matrix power of two near ``max|X|`` (float64, shape ``(..., 1, 1)``; 1 for all-zero
+    matrices)."""
+    # min and max apart, no |X| copy: on the CPU a batched aminmax(dim=...) runs about ten times
+    # slower than the two reductions (0.33 against 0.03 ms on 4×192×512, two threads)
+    lo, hi = X.amin(dim=(-2, -1), keepdim=True), X.amax(dim=(-2, -1), keepdim=True)
+    return pow2_floor(torch.maximum(-lo, hi).to(torch.float64))
+
+
+def pow2_floor(x: Tensor) -> Tensor:
+    """The largest power of two ≤ x, elementwise for x ≥ 0 (float64; 1 where x is 0)."""
+    safe = torch.where(x > 0, x, torch.ones_like(x))
+    return torch.exp2(torch.floor(torch.log2(safe)))
+
+
+def orient(Y: Tensor, transposed: bool) -> Tensor:
+    """``Y`` back in the input's layout after :func:`wide_view`."""
+    return Y.mT if transposed else Y

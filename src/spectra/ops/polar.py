@@ -1,244 +1,392 @@
-"""Matmul-only spectral functions from minimax-optimal odd polynomials.
+r"""Method ``"polar"``: the soft clip with matrix products only, by a minimax-polynomial
+inverse square root on the Gram side.
 
-Both the inverse square root used by :func:`spectra.ops.soft_clip` (``method="polar"``) and
-the orthogonalization of :func:`spectra.ops.orthogonalize` (``method="polar_express"``) reduce
-to the same scalar problem: drive every ``s`` in a known interval ``[ℓ, 1]`` to 1 by composing
-odd quintics ``p(s) = a s + b s³ + c s⁵``.
-
-The polynomials are the greedy minimax choice of "The Polar Express: Optimal Matrix Sign
-Methods and Their Application to the Muon Algorithm" (Amsel, Persson, Musco and Gower, 2025):
-at step ``k`` the quintic minimises ``max_{s ∈ [ℓ_k, u_k]} |1 − p(s)|``, and the next interval
-is ``[min p, max p]`` over ``[ℓ_k, u_k]``. Each minimax problem is solved offline as a linear
-program on a fine grid refined with the polynomial's critical points (:func:`greedy_schedule`,
-needs scipy), with the paper's cushioning and a 1 % margin at the top of wide intervals for
-robustness to rounding (:func:`greedy_schedule`). The resulting tables are hard-coded in
-``spectra.ops._polar_coeffs``; ``python -m spectra_lab.bench.polar_tables`` regenerates them
-(from :func:`render_tables`).
-
-**Soft clipping.** With ``M = I + XXᵀ/c²`` (``m ≤ n``), ``α ≥ λ_max(M)`` and ``M̂ = M/α``
-(eigenvalues in ``[1/α, 1]``), the coupled iteration ``Z₀ = I``, ``Y₀ = M̂``,
-``E = ZY``, ``Q = aI + bE + cE²``, ``Z ← QZ``, ``Y ← YQ`` keeps ``E = Z²M̂``; on an eigenvalue
-``e`` of ``M̂`` it maps ``s = √(e·z²)`` to ``p(s)``, i.e. it is exactly a polar iteration on
-``s ∈ [1/√α, 1]``. When every ``s`` is within ``tol`` of 1, ``Z/√α ≈ M^{-1/2}`` with relative
-error ``≤ tol`` on every eigen-direction, so ``H_c(X) = M^{-1/2}X`` has relative Frobenius error
-``≤ tol`` in exact arithmetic.
+With ``G = XXᵀ`` (``m ≤ n``, X scaled by a power of two near ``max|X|``), a bound
+``s²_max ≥ λ_max(G)`` and ``α = 1 + s²_max/c²``, the matrix ``M̂ = (I + G/c²)/α`` has
+eigenvalues in ``[1/α, 1]``; the coupled iteration of
+:func:`spectra.ops.quintics.coupled_inverse_sqrt` gives ``Z ≈ M̂^{-1/2}`` and
+``H_c(X) = Z X/√α``. A call runs in two halves around one host read of α (which sets the
+schedule and the precision) and of whether the input was finite: :func:`begin` forms the Gram
+matrix and the bounds, :func:`end` decides and iterates. :mod:`spectra.ops.mixed` shares the
+first half and the plan (:class:`Plan`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from spectra.ops import _polar_coeffs as _tables
+from spectra.ops._common import (
+    check_finite,
+    check_matrix_input,
+    check_threshold,
+    compute_dtype,
+    fp32_products_are_ieee,
+    orient,
+    pow2_scale,
+    split_bf16_matmul,
+    wide_view,
+)
+from spectra.ops.base import POLAR_TOL, ClipMethod, GramFactor, Operator, Options, apply_checked
+from spectra.ops.eigh import exact_gram_factor, scaled_gram, soft_weight
+from spectra.ops.quintics import coupled_inverse_sqrt, inverse_sqrt_schedule
 
-__all__ = [
-    "ORTH_COEFFS",
-    "coupled_inverse_sqrt",
-    "greedy_schedule",
-    "inverse_sqrt_schedule",
-    "minimax_quintic",
-    "polar_express_band",
-]
-
-Quintic = tuple[float, float, float]
-
-# Lower end of the interval each quintic is optimised on, relative to its upper end.
-CUSHION = 1e-3
-# While the interval is still wide (ℓ < 0.9) each quintic is designed for [ℓ, u·(1 + MARGIN)]:
-# its upper end u is a repelling point (p'(u) > 1), so without the margin a rounding error
-# that lifts a value above u would grow geometrically over the following steps.
-MARGIN = 1e-2
-
-# Quintics of the orthogonalization schedule, designed for singular values in [1e-3, 1].
-ORTH_COEFFS: tuple[Quintic, ...] = _tables.ORTH_COEFFS
+# Above this α = 1 + s²_max/c², rounding of the float32 Gram matrix alone costs more than
+# ≈ 1e-3 relative error in the bulk (measured; docs/operators.md), so "polar" switches its
+# working precision to float64.
+POLAR_FP32_MAX_ALPHA = 1e5
 
 
-# --------------------------------------------------------------------------- offline design
+# With ``dtype=torch.bfloat16``, "polar" forms every product from three bf16 products
+# (split_bf16_matmul, about 1e-5 relative error each) while α ≤ this bound, where the measured
+# error stays below 1.5e-3 (docs/operators.md); beyond it, float32 or float64 as by default.
+POLAR_SPLIT_MAX_ALPHA = 1e4
 
 
-def _quintic_extrema(coef: Quintic, lo: float, hi: float) -> tuple[float, float]:
-    """Exact min and max of ``p(s) = a s + b s³ + c s⁵`` over ``[lo, hi]``."""
-    import numpy as np
-
-    a, b, c = coef
-    pts = [lo, hi]
-    for root in np.roots([5 * c, 3 * b, a]):  # p'(s) = a + 3b s² + 5c s⁴
-        if abs(root.imag) < 1e-12 and root.real > 0:
-            s = math.sqrt(root.real)
-            if lo < s < hi:
-                pts.append(s)
-    vals = [a * s + b * s**3 + c * s**5 for s in pts]
-    return min(vals), max(vals)
+# Largest α each working precision resolves: eigenvalues of M̂ = M/α below 1/α_cap are lifted
+# to 1/α_cap. Rounding makes such eigenvalues noise of either sign, and the iteration would
+# amplify a negative one without bound; lifting them only shrinks H_c on directions with
+# σ/c ≲ 10·√(α/α_cap), which exist only for σ_max/c beyond 1e3 (float32) or 1e6 (float64).
+# Split bf16 products (``dtype=torch.bfloat16``) run only while α ≤ POLAR_SPLIT_MAX_ALPHA, so
+# their cap lifts nothing.
+POLAR_MAX_ALPHA = {
+    torch.float64: 1e12,
+    torch.float32: 1e6,
+    torch.bfloat16: POLAR_SPLIT_MAX_ALPHA,
+}
 
 
-@functools.cache
-def minimax_quintic(lo: float, hi: float, grid: int = 1000, rounds: int = 5) -> Quintic:
-    """The odd quintic minimising ``max_{s∈[lo,hi]} |1 − p(s)|`` (linear program, scipy).
-
-    Written as ``max d`` subject to ``p(s) ≥ lo·d`` and ``p(s) ≤ 2 − lo·d`` on the grid, so the
-    objective stays well scaled even when ``lo`` is tiny (the optimum has ``1 − t = lo·d``). The
-    grid (geometric + uniform) is refined with the critical points of each solution.
-    """
-    import numpy as np
-    from scipy.optimize import linprog
-
-    s = np.unique(np.concatenate([np.geomspace(lo, hi, grid), np.linspace(lo, hi, grid)]))
-    coef: Quintic = (1.0, 0.0, 0.0)
-    for _ in range(rounds):
-        one = np.ones_like(s)
-        lower = np.stack([-one, -(s**2), -(s**4), lo / s], axis=1)  # divided by s
-        upper = np.stack([s, s**3, s**5, lo * one], axis=1)
-        res = linprog(
-            [0.0, 0.0, 0.0, -1.0],
-            A_ub=np.vstack([lower, upper]),
-            b_ub=np.concatenate([0.0 * one, 2.0 * one]),
-            bounds=[(None, None)] * 4,
-            method="highs",
-        )
-        if not res.success:
-            raise RuntimeError(f"minimax LP failed on [{lo}, {hi}]: {res.message}")
-        coef = (float(res.x[0]), float(res.x[1]), float(res.x[2]))
-        a, b, c = coef
-        crit = [lo, hi]
-        for root in np.roots([5 * c, 3 * b, a]):
-            if abs(root.imag) < 1e-12 and lo**2 < root.real < hi**2:
-                crit.append(math.sqrt(root.real))
-        s = np.unique(np.concatenate([s, crit]))
-    return coef
+def check_tol(options: Options) -> None:
+    """Refuse a ``tol`` outside ``[1e-6, 1)``."""
+    tol = options.tol
+    if not (math.isfinite(tol) and 1e-6 <= tol < 1):
+        raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
 
 
-def greedy_schedule(
-    ell0: float,
-    tol: float = 1e-7,
-    max_steps: int = 60,
-    cushion: float = CUSHION,
-    margin: float = MARGIN,
-) -> tuple[tuple[float, ...], tuple[float, ...], tuple[Quintic, ...]]:
-    """Greedy minimax schedule from ``[ℓ₀, 1]`` until the interval is within ``tol`` of 1.
-
-    Each quintic is optimal on ``[max(ℓ_k, cushion·u_k), u_k']`` with ``u_k' = u_k(1 + margin)``
-    while ``ℓ_k < 0.9`` and ``u_k' = u_k`` after. The cushion follows the Polar Express paper:
-    below ``cushion·u_k`` the optimal polynomial barely changes its slope at 0 but would push
-    interior points down to ``≈ ℓ_k``, where rounding dominates. The margin keeps values that
-    rounding lifts above ``u_k`` inside the next interval. The interval tracked is the image
-    of the full ``[ℓ_k, u_k']``.
-
-    Returns ``(ells, uppers, coeffs)``: ``[ells[k], uppers[k]]`` is the interval before step
-    ``k`` (and after the last step, at index ``len(coeffs)``).
-    """
-    lo, hi = float(ell0), 1.0
-    ells, uppers, coeffs = [lo], [hi], []
-    for _ in range(max_steps):
-        if max(1.0 - lo, hi - 1.0) <= tol:
-            break
-        top = hi * (1.0 + margin) if lo < 0.9 else hi
-        coef = minimax_quintic(float(f"{max(lo, cushion * top):.15g}"), float(f"{top:.15g}"))
-        lo, hi = _quintic_extrema(coef, lo, top)
-        coeffs.append(coef)
-        ells.append(lo)
-        uppers.append(hi)
-    return tuple(ells), tuple(uppers), tuple(coeffs)
+@dataclass
+class Plan:
+    Xh: Tensor | None  # X / scale in the Gram precision (X itself when x_inv is set)
+    G: Tensor  # Xh Xhᵀ
+    G2: Tensor  # G²
+    scale: Tensor  # power of two per matrix (float64)
+    r: Tensor  # s_max/c in original units (float64, may be inf)
+    w_id: Tensor  # max(1/α, 1/α_cap)
+    w_g: Tensor  # (1 − 1/α)/s²_max, scaled units
+    lam_safe: Tensor  # s²_max (scaled units), 1 where 0
+    alpha: float  # largest α over the batch
+    dtype: torch.dtype  # working precision of the iteration
+    coeffs: tuple[tuple[float, float, float], ...]  # the quintics to run
+    x_inv: Tensor | None  # Xh is X itself, to be multiplied by x_inv (see GramState)
 
 
-def render_tables() -> str:
-    """The source of ``spectra.ops._polar_coeffs``: every schedule re-solved (minutes, scipy)."""
-    lines = [
-        '"""Generated by ``python -m spectra_lab.bench.polar_tables``: greedy minimax odd',
-        "quintics.",
-        "",
-        'Method: "The Polar Express" (Amsel, Persson, Musco and Gower, 2025); see',
-        "spectra.ops.polar. SOFT_*[j] is the schedule that starts from the interval",
-        "[SOFT_ELL0[j], 1]; ELLS/UPPERS hold the interval before each step and after the last.",
-        '"""',
-        "",
-    ]
-    soft_ell0 = [10.0 ** (-j / 2) for j in range(1, 21)]
-    soft = []
-    for e in soft_ell0:
-        soft.append(greedy_schedule(e, tol=1e-7))
-        print(f"l0={e:.3g}: {len(soft[-1][2])} steps", file=sys.stderr)
-    lines.append(f"SOFT_ELL0 = {tuple(soft_ell0)!r}")
-    lines.append("SOFT_ELLS = (")
-    lines += [f"    {s[0]!r}," for s in soft]
-    lines.append(")")
-    lines.append("SOFT_UPPERS = (")
-    lines += [f"    {s[1]!r}," for s in soft]
-    lines.append(")")
-    lines.append("SOFT_COEFFS = (")
-    lines += [f"    {s[2]!r}," for s in soft]
-    lines.append(")")
-    orth = greedy_schedule(1e-3, tol=1e-7)
-    lines.append(f"ORTH_ELLS = {orth[0]!r}")
-    lines.append(f"ORTH_UPPERS = {orth[1]!r}")
-    lines.append(f"ORTH_COEFFS = {orth[2]!r}")
-    return "\n".join(lines) + "\n"
+@dataclass
+class GramState:
+    """A polar call's device work before its host read: the first Gram matrix and the bounds."""
+
+    G: Tensor
+    G2: Tensor
+    scale: Tensor
+    r: Tensor
+    w_id: Tensor
+    w_g: Tensor
+    lam_safe: Tensor
+    dtype: torch.dtype  # precision of G
+    split: bool  # G from split bf16 products
+    exact: bool  # float64 wherever the default would choose
+    c: float  # the threshold
+    # float32 G formed from X itself, then scaled by x_inv² (no scaled copy of X); per-matrix
+    # 1/scale (float64, shape (..., 1, 1)), or None for G from X/scale
+    x_inv: Tensor | None
+    # float64 (3,) on the device: the largest α, whether the input was finite, whether X's
+    # scale let G be formed from X itself (see _DIRECT_RANGE)
+    request: Tensor
 
 
-# --------------------------------------------------------------------------- run time
+def scaled_x(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """``X/scale`` in ``dtype``, exact up to the final rounding (scale is a power of two)."""
+    if dtype == torch.float32 and Xw.dtype != torch.float64:
+        # float32 passes: inv = 1/scale ∈ [2⁻¹²⁷, 2¹⁴⁹] is split into two float32 powers of two;
+        # the first product rounds like the float64 route, the second (≥ 1) is then exact
+        inv = scale.reciprocal()
+        first = inv.clamp(max=2.0**100)
+        return torch.mul(Xw, first.to(torch.float32)).mul_((inv / first).to(torch.float32))
+    return (Xw.to(torch.float64) / scale).to(dtype)
 
 
-def inverse_sqrt_schedule(ell: float, tol: float) -> tuple[Quintic, ...]:
-    """Quintics that bring every ``s ∈ [ell, 1]`` within ``tol`` of 1.
-
-    Picks the hard-coded schedule with the largest start ``ℓ₀ ≤ ell`` (the smallest one if
-    ``ell`` is below all of them; singular directions under ``ℓ₀`` then stay unconverged) and
-    keeps only as many steps as ``tol`` needs.
-    """
-    if 1.0 - ell <= tol:
-        return ()
-    j = len(_tables.SOFT_ELL0) - 1
-    for i, start in enumerate(_tables.SOFT_ELL0):
-        if start <= ell:
-            j = i
-            break
-    ells, uppers = _tables.SOFT_ELLS[j], _tables.SOFT_UPPERS[j]
-    coeffs = _tables.SOFT_COEFFS[j]
-    steps = len(coeffs)
-    for k in range(len(coeffs) + 1):
-        if max(1.0 - ells[k], uppers[k] - 1.0) <= tol:
-            steps = k
-            break
-    return coeffs[:steps]
+def _grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
+    :func:`gram_square_and_bound`."""
+    mm = split_bf16_matmul if split else torch.matmul
+    G = mm(Xh, Xh.mT)
+    if x_inv is not None:
+        G.mul_((x_inv * x_inv).to(G.dtype))
+    return gram_square_and_bound(G, mm)
 
 
-def polar_express_band(steps: int) -> tuple[float, float]:
-    """Interval holding ``p_K∘…∘p_1(s)`` for all ``s ∈ [ℓ₀, 1]`` after ``steps`` orth steps."""
-    ells, uppers = _tables.ORTH_ELLS, _tables.ORTH_UPPERS
-    k = min(steps, len(ells) - 1)
-    return ells[k], uppers[k]
+def gram_square_and_bound(G: Tensor, mm=torch.matmul) -> tuple[Tensor, Tensor, Tensor]:
+    """``(G, G², s²_max)`` with ``s²_max = min(max_i Σ_j |G_ij|, ‖G²‖_F^{1/2}) ≥ λ_max``
+    (float64; ``‖G²‖_F^{1/2} ≤ ‖G‖_F``, so the Frobenius norm of G would not tighten it). The
+    norms are taken in G's precision: rounding can put the bound ~1e-7 below λ_max, which the
+    quintics' cushion above 1 absorbs."""
+    G2 = mm(G, G)
+    # max_i Σ_j |G_ij| (matrix_norm(ord=inf) gives the same, six times slower on the CPU)
+    gersh = G.abs().sum(-1).amax(-1)
+    fro2 = torch.linalg.matrix_norm(G2, ord="fro").sqrt()
+    return G, G2, torch.minimum(gersh, fro2).to(torch.float64)
 
 
-def coupled_inverse_sqrt(
-    M_hat: Tensor,
-    M_hat_sq: Tensor,
-    coeffs: tuple[Quintic, ...],
-    matmul: Callable[[Tensor, Tensor], Tensor] = torch.matmul,
+# Scales (powers of two near max|X|) for which a float32 X·Xᵀ can neither overflow nor lose
+# terms to underflow: G is then formed from X itself and scaled afterwards.
+_DIRECT_RANGE = (2.0**-40, 2.0**40)
+
+
+def gram_state(Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = True) -> GramState:
+    """The part of a polar call before its host read; no host synchronisation."""
+    scale = pow2_scale(Xw)
+    split = dtype == torch.bfloat16  # split bf16 products while α ≤ POLAR_SPLIT_MAX_ALPHA
+    exact = Xw.dtype == torch.float64 or dtype == torch.float64
+    if dtype in (None, torch.bfloat16) and not fp32_products_are_ieee(Xw.device):
+        exact = True  # TF32 or bf16 float32 products cannot form the Gram matrix
+    first = torch.float64 if exact and not split else torch.float32
+    x_inv = None
+    in_range = torch.ones((), dtype=torch.bool, device=Xw.device)
+    if direct and first == torch.float32 and Xw.dtype != torch.float64:
+        x_inv = scale.reciprocal()
+        in_range = ((scale >= _DIRECT_RANGE[0]) & (scale <= _DIRECT_RANGE[1])).all()
+        G, G2, lam = _grams(Xw.to(torch.float32), split, x_inv)
+    else:
+        G, G2, lam = _grams(scaled_x(Xw, scale, first), split)
+    return bounds(G, G2, lam, scale, c, split, exact, x_inv, in_range)
+
+
+def bounds(
+    G: Tensor,
+    G2: Tensor,
+    lam: Tensor,
+    scale: Tensor,
+    c: float,
+    split: bool,
+    exact: bool,
+    x_inv: Tensor | None,
+    in_range: Tensor,
+) -> GramState:
+    """α and the weights of M̂ from the scaled Gram matrix ``G`` and its bound ``lam``."""
+    # r² = s²_max/c² in the original units; α = 1 + r². Everything below stays finite for
+    # any finite X and c: w_id = 1/α and w_G = (1 − 1/α)/s²_max (scaled units).
+    scale0 = scale.squeeze(-1).squeeze(-1)
+    r = lam.sqrt() * (scale0 / c)  # may be inf for tiny c
+    w_id = torch.reciprocal(1.0 + r * r)
+    w_id = torch.where(torch.isinf(r), torch.zeros_like(w_id), w_id)
+    lam_safe = torch.where(lam > 0, lam, torch.ones_like(lam))
+    w_g = torch.where(lam > 0, (1.0 - w_id) / lam_safe, torch.zeros_like(lam))
+    # α for the schedule, and whether the input was finite (an inf or nan entry makes the
+    # scale or the Gram matrix non-finite)
+    finite = torch.isfinite(scale).all() & torch.isfinite(lam).all()
+    alpha = (1.0 / w_id.clamp_min(1e-300)).max()
+    request = torch.stack([alpha, finite.to(torch.float64), in_range.to(torch.float64)])
+    return GramState(G, G2, scale, r, w_id, w_g, lam_safe, G.dtype, split, exact, c, x_inv, request)
+
+
+def regram(
+    Xw: Tensor, c: float, g: GramState, values: Sequence[float], dtype: torch.dtype | None
+) -> tuple[GramState, Sequence[float]]:
+    """``(g, values)``, or the Gram matrix from X/scale and its request when X's scale kept G
+    from being formed from X itself (a second host read, for extreme scales only)."""
+    if g.x_inv is None or values[2]:
+        return g, values
+    check_finite(Xw)
+    g = gram_state(Xw, c, dtype, direct=False)
+    return g, g.request.tolist()
+
+
+def decide(
+    Xw: Tensor | None,
+    g: GramState,
+    values: Sequence[float],
+    tol: float,
+    dtype: torch.dtype | None,
+    float32_last: bool = False,
+) -> Plan:
+    """Working precision and schedule from the host read ``values`` (``g.request``); with
+    ``Xw=None`` (a factor from the Gram matrix alone) no ``Xh``, and G must be fine as it is.
+    ``float32_last``: ``Xh`` is X itself in float32 (not float64) for non-float64 input, for a
+    last product in float32 whatever the working precision."""
+    alpha_max, ok, in_range = values
+    if not (ok and in_range):
+        check_finite(Xw if Xw is not None else g.G, "X" if Xw is not None else "G")
+    if g.split and alpha_max <= POLAR_SPLIT_MAX_ALPHA:
+        wd = torch.bfloat16
+    elif dtype is not None and not g.split:
+        wd = dtype
+    elif g.exact or alpha_max > POLAR_FP32_MAX_ALPHA:
+        wd = torch.float64
+    else:
+        wd = torch.float32
+    if Xw is not None and wd != torch.bfloat16 and (g.split or wd != g.dtype):
+        # the first Gram matrix is not accurate enough here: G (from X/scale in column blocks),
+        # its bounds and the weights again in wd, on the device (the schedule keeps the α read
+        # from the first one)
+        G, scale = scaled_gram(Xw, wd)
+        ones = torch.ones((), dtype=torch.bool, device=G.device)
+        g = bounds(*gram_square_and_bound(G), scale, g.c, False, g.exact, None, ones)
+    G, G2, x_inv, Xh = g.G, g.G2, g.x_inv, None
+    if Xw is not None:
+        if x_inv is None and float32_last and Xw.dtype != torch.float64:
+            x_inv = g.scale.reciprocal()
+        Xh = Xw.to(torch.float32) if x_inv is not None else scaled_x(Xw, g.scale, g.dtype)
+    w_floor = 1.0 / POLAR_MAX_ALPHA.get(wd, 1e2)
+    coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
+    w_id = g.w_id.clamp_min(w_floor)
+    return Plan(Xh, G, G2, g.scale, g.r, w_id, g.w_g, g.lam_safe, alpha_max, wd, coeffs, x_inv)
+
+
+def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> Plan:
+    """Scale, Gram matrices, α bound, working precision and schedule for ``soft_clip_polar``;
+    the call's one host synchronisation reads α and whether the input was finite."""
+    g = gram_state(Xw, c, dtype)
+    g, values = regram(Xw, c, g, g.request.tolist(), dtype)
+    return decide(Xw, g, values, tol, dtype)
+
+
+def polar_steps(
+    X: Tensor, c: float, *, tol: float = POLAR_TOL, dtype: torch.dtype | None = None
+) -> tuple[int, torch.dtype]:
+    """Quintic steps and working precision ``soft_clip(X, c, method="polar", ns_dtype=dtype)``
+    would use (``torch.bfloat16``: split bf16 products)."""
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    if X.dim() < 2:
+        return 0, compute_dtype(X)
+    Xw, _ = wide_view(X)
+    plan = _polar_plan(Xw, c, tol, dtype)
+    return len(plan.coeffs), plan.dtype
+
+
+def soft_clip_polar(
+    X: Tensor, c: float, *, tol: float = POLAR_TOL, dtype: torch.dtype | None = None
 ) -> Tensor:
-    r"""``Z ≈ M̂^{-1/2}`` by the coupled polynomial iteration (batched, symmetric input).
+    r"""``H_c(X)`` with matrix products only: a minimax-polynomial inverse square root.
 
-    ``M_hat_sq`` is ``M̂²`` (the first step's ``E²``; the caller gets it for free). With
-    ``Z₀ = I`` and ``Y₀ = M̂`` the first step needs one product; each later step needs four
-    (``E = ZY``, ``E²``, ``QZ``, ``YQ``), the last one three, all through ``matmul``.
+    With ``G = XXᵀ`` (``m ≤ n``, after scaling X by a power of two near ``max|X|``),
+    ``s²_max = min(‖G‖_F, max_i Σ_j |G_ij|, ‖G²‖_F^{1/2}) ≥ λ_max(G)`` and
+    ``α = 1 + s²_max/c²``, the matrix ``M̂ = (I + G/c²)/α`` has eigenvalues in ``[1/α, 1]``.
+    The coupled iteration of :func:`spectra.ops.quintics.coupled_inverse_sqrt` with the
+    greedy minimax quintics of "The Polar Express" (Amsel et al., 2025) for the interval
+    ``[1/√α, 1]`` returns ``Z ≈ M̂^{-1/2}``, and ``H_c(X) = Z X/√α``. The schedule starts at
+    the tabulated interval just below ``1/√α`` and stops once every direction is within
+    ``tol`` of exact (``tol ≥ 1e-6``), so the relative Frobenius error is ``≤ tol`` in exact
+    arithmetic for ``σ_max/c ≤ 1e10``.
+
+    Working precision ``dtype``: by default float32 when ``α ≤ 1e5`` and float64 beyond (the
+    float32 Gram matrix's rounding grows like ``ε₃₂·α``); float64 input always uses float64,
+    and so does a device whose float32 products run in TF32 or bf16 (on an H100 or A100 float64
+    products run at the IEEE float32 rate). A call synchronises with the host once, to read α
+    for the schedule and whether the input was finite; the optimizers call it once per batch
+    of same-shaped matrices.
+    The Gram matrix and ``G²`` are accumulated in float32 at least (bf16/fp16 are upcast).
+
+    ``dtype=torch.bfloat16`` runs every product, the Gram matrix's included, as three bf16
+    tensor-core products with float32 accumulation (:func:`spectra.ops._common.split_bf16_matmul`,
+    about 1e-5 relative error per product) while ``α ≤ 1e4`` (``σ_max/c ≲ 100``), where the
+    measured error stays below 1.5e-3; beyond that bound it works as with ``dtype=None``. On a
+    GPU this trades float32 products for three times as many bf16 ones (an H100 runs bf16
+    about 15× faster); on a CPU without bf16 units the bf16 products are emulated in float32,
+    so there it is slower than float32 and serves to check the numerics.
+
+    Cost for ``K`` steps: the Gram matrix and the final product (``2m²n`` flops each), ``G²``,
+    and ``4K − 3`` products of ``m × m`` matrices (``2m³`` each); the paper's Algorithm 1
+    with ``N_s = 10`` takes the same two ``m²n`` products and 30 ``m × m`` products.
     """
-    eye = torch.eye(M_hat.shape[-1], dtype=M_hat.dtype, device=M_hat.device)
-    if not coeffs:
-        return eye.expand_as(M_hat).clone()
-    a, b, c = coeffs[0]
-    Z = a * eye + b * M_hat + c * M_hat_sq
-    if len(coeffs) == 1:
-        return Z
-    Y = matmul(M_hat, Z)
-    last = len(coeffs) - 1
-    for k, (a, b, c) in enumerate(coeffs[1:], start=1):
-        E = matmul(Z, Y)
-        E = 0.5 * (E + E.mT)  # symmetric in exact arithmetic; keep it so
-        Q = a * eye + b * E + c * matmul(E, E)
-        Z = matmul(Q, Z)
-        if k < last:
-            Y = matmul(Y, Q)
-    return Z
+    check_matrix_input(X)
+    c = check_threshold(c, "c")
+    return apply_checked(METHOD.soft_clip, X, c, Options(ns_dtype=dtype, tol=tol), soft_weight(c))
+
+
+def _polar_run(Xw: Tensor, c: float, plan: Plan) -> Tensor:
+    """The coupled iteration of ``soft_clip_polar`` on the wide ``Xw`` (float64 result)."""
+    Xh, G, G2, wd, coeffs = plan.Xh, plan.G, plan.G2, plan.dtype, plan.coeffs
+    wi, wg = plan.w_id[..., None, None], plan.w_g[..., None, None]
+    eye = torch.eye(G.shape[-1], dtype=torch.float64, device=G.device)
+    G64 = G.to(torch.float64)
+    M_hat = wg * G64 + wi * eye
+    M_hat_sq = (wg * wg) * G2.to(torch.float64) + (2.0 * wg * wi) * G64 + (wi * wi) * eye
+    # split bf16 products keep float32 operands
+    store, mm = (torch.float32, split_bf16_matmul) if wd == torch.bfloat16 else (wd, torch.matmul)
+    Z = coupled_inverse_sqrt(M_hat.to(store), M_hat_sq.to(store), coeffs, matmul=mm)
+    return mm(Z, Xh.to(store)).to(torch.float64) * output_factor(c, plan)
+
+
+def output_factor(c: float, plan: Plan) -> Tensor:
+    """The per-matrix factor (float64, shape ``(..., 1, 1)``) with ``H_c(X) = f·Z·Xh`` for
+    ``Z ≈ M̂^{-1/2}``: ``scale/√α = scale/hypot(1, r)``, or ``c/√s²_max`` when r overflowed,
+    times ``x_inv`` when Xh is X itself."""
+    scale0 = plan.scale.squeeze(-1).squeeze(-1)
+    finite = scale0 / torch.hypot(torch.ones_like(plan.r), plan.r)
+    factor = torch.where(torch.isinf(plan.r), c / plan.lam_safe.sqrt(), finite)[..., None, None]
+    return factor if plan.x_inv is None else factor * plan.x_inv
+
+
+@dataclass(frozen=True)
+class TwoPhase:
+    """A Gram-side soft clip in two halves around its host read: the Gram matrix and the α
+    bound on the device (:meth:`begin`), then the plan and the iteration (:meth:`end`).
+
+    ``gram_dtype(options)`` is the precision asked of the Gram matrix (``None``: chosen from
+    α); ``finish(X, c, plan)`` returns ``H_c(X)`` in X's layout and dtype; with
+    ``float32_last`` the plan keeps X itself in float32 for a last product in float32.
+    """
+
+    gram_dtype: Callable[[Options], torch.dtype | None]
+    finish: Callable[[Tensor, float, Plan], Tensor]
+    float32_last: bool = False
+
+    def begin(self, X: Tensor, c: float, options: Options) -> tuple[Tensor, GramState]:
+        g = gram_state(wide_view(X)[0], c, self.gram_dtype(options))
+        return g.request, g
+
+    def end(
+        self, X: Tensor, c: float, options: Options, g: GramState, values: Sequence[float]
+    ) -> Tensor:
+        return self._end(X, c, options, g, values)[0]
+
+    def _end(
+        self, X: Tensor, c: float, options: Options, g: GramState, values: Sequence[float]
+    ) -> tuple[Tensor, GramState]:
+        Xw = wide_view(X)[0]
+        dtype = self.gram_dtype(options)
+        g, values = regram(Xw, c, g, values, dtype)
+        plan = decide(Xw, g, values, options.tol, dtype, float32_last=self.float32_last)
+        return self.finish(X, c, plan), g
+
+    def apply(self, X: Tensor, c: float, options: Options) -> Tensor:
+        return self.with_norm(X, c, options)[0]
+
+    def with_norm(self, X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:
+        """``(H_c(X), s_max)`` with the bound ``s_max`` that set α (float64, one per matrix)."""
+        request, g = self.begin(X, c, options)
+        Y, g = self._end(X, c, options, g, request.tolist())  # rejects non-finite input
+        return Y, (g.r * c).reshape(X.shape[:-2])
+
+    def operator(self, gram_factor: GramFactor) -> Operator:
+        """The :class:`~spectra.ops.base.Operator` of a method that runs this way."""
+        return Operator(
+            self.apply, gram_factor, check=check_tol, with_norm=self.with_norm,
+            begin=self.begin, end=self.end, checks_finite=True,
+        )  # fmt: skip
+
+
+def _finish(X: Tensor, c: float, plan: Plan) -> Tensor:
+    Xw, transposed = wide_view(X)
+    return orient(_polar_run(Xw, c, plan).to(X.dtype), transposed)
+
+
+#: The Gram route has no polynomial iteration of its own for "polar": it takes the exact clip,
+#: which "polar" approximates to its tol.
+METHOD = ClipMethod(
+    "polar",
+    soft_clip=TwoPhase(lambda o: o.ns_dtype, _finish).operator(exact_gram_factor(soft_weight)),
+)

@@ -9,8 +9,9 @@ from spectra.optim.adamw import AdamW
 from spectra.optim.ademamix import AdEMAMix
 from spectra.optim.base import SpectraOptimizer
 from spectra.optim.baselines import SOAP, DMuon, dmuon_param_groups
-from spectra.optim.chain import ParamPlan, SpectralOp, spectra_step
+from spectra.optim.chain import spectra_step
 from spectra.optim.mars import MARS
+from spectra.optim.plan import ParamPlan, SpectralOp
 from spectra.optim.schedules import (
     ClipSchedule,
     cosine_schedule,

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from spectra.optim.chain import ParamPlan, all_finite, finite_flag, matrix_shape, spectra_step
+from spectra.optim.chain import all_finite, finite_flag, matrix_shape, spectra_step
 from spectra.optim.distributed import (
     check_layout,
     check_replicated,
@@ -45,6 +45,7 @@ from spectra.optim.distributed import (
     shard_group,
     split_group,
 )
+from spectra.optim.plan import ParamPlan
 from spectra.optim.settings import (
     SPECTRA_DEFAULTS,
     adaptive_pre,

@@ -18,7 +18,7 @@ learning rate         ``X ← X − αη · U``                          :func:`
 (:class:`~spectra.optim.base.SpectraOptimizer`), by the :class:`~spectra.optim.Spectra` wrapper
 (whose direction is the wrapped optimizer's) and by the synthetic experiments. Each
 parameter's scalars for the step (η, λ, α, the operators with their ``c_k``) come in a
-:class:`ParamPlan`; the chain itself knows nothing of param groups or schedules.
+:class:`~spectra.optim.plan.ParamPlan`; the chain itself knows nothing of param groups or schedules.
 
 By default the directions of every parameter are formed before any parameter changes, so
 that a non-finite direction stops the step with the weights untouched; that costs one
@@ -32,144 +32,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from spectra.ops import (
-    batched_apply_all_,
-    hard_clip,
-    orthogonalize,
-    soft_clip,
-    soft_clip_begin,
-    soft_clip_end,
-    soft_clip_method,
-    soft_clip_with_norm,
-)
+from spectra.ops import batched_apply_all_, soft_clip_with_norm
 from spectra.ops.batched import BATCH_FRACTION
-from spectra.ops.gram import gram_factor
-from spectra.ops.spectral import SoftClipPending
 from spectra.optim.distributed import (
     all_agree_finite,
     apply_replicated,
     apply_sharded,
     mesh_group,
 )
+from spectra.optim.plan import ParamPlan, SpectralOp
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
-
-PostKind = Literal["soft_clip", "hard_clip", "orthogonalize"]
-POST_KINDS: tuple[str, ...] = ("soft_clip", "hard_clip", "orthogonalize")
 
 #: ``direction(idx, grads) -> updates``: the base optimizer's link. For the parameters at
 #: positions ``idx`` it receives their (pre-clipped) gradients and returns one fresh tensor per
 #: parameter, which the chain overwrites.
 Direction = Callable[[list[int], list[Tensor]], list[Tensor]]
 
-
-#: Whether the matmul-only soft clips also read their α in one batch on the CPU (the path every
-#: other device takes). A host read costs nothing on the CPU, which has no queue to drain, and
-#: there the batches run side by side on threads instead (holding one batch's Gram matrices,
-#: not every batch's); the tests turn it on to count the reads of the GPU's path.
-READ_ONCE_ON_CPU = False
-
 #: The threshold at which an adaptive pre-clip's measuring step forms its Gram matrix: so large
 #: that the clip's scale is σ̂_max itself for any float64 gradient (its result is not used).
 MEASURE_C = 1e150
-
-
-@dataclass(frozen=True)
-class SpectralOp:
-    """A spectral operator with its settings, applied to a batch of matrices ``(B, m, n)``.
-
-    ``kind`` names the function of :mod:`spectra.ops` (``soft_clip``, ``hard_clip`` or
-    ``orthogonalize``); ``c`` is its threshold (unused by ``orthogonalize``). ``ns_steps`` and
-    ``ns_dtype``, when given, go to the iterative methods of ``soft_clip`` and
-    ``orthogonalize`` (e.g. the paper's N_s and precision for ``method="paper"``).
-    """
-
-    kind: PostKind
-    c: float | None = None
-    method: str = "auto"
-    ns_steps: int | None = None
-    ns_dtype: torch.dtype | None = None
-
-    def _iteration(self) -> dict[str, Any]:
-        iteration: dict[str, Any] = {}
-        if self.ns_steps is not None:
-            iteration["ns_steps"] = self.ns_steps
-        if self.ns_dtype is not None:
-            iteration["ns_dtype"] = self.ns_dtype
-        return iteration
-
-    def __call__(self, U: Tensor) -> Tensor:
-        iteration = self._iteration()
-        if self.kind == "orthogonalize":
-            return orthogonalize(U, method=self.method, **iteration)
-        if self.kind == "hard_clip":
-            return hard_clip(U, self.c, method=self.method)
-        return soft_clip(U, self.c, method=self.method, **iteration)
-
-    def gram_factor(self, G: Tensor, dtype: torch.dtype | None = None) -> Tensor | None:
-        """``K`` with ``self(X) = K·X`` for ``XXᵀ = G`` (:func:`spectra.ops.gram.gram_factor`)
-        for ``dtype`` matrices, for the Gram route of sharded matrices; ``None`` where a float32
-        G is too coarse."""
-        return gram_factor(
-            G, self.kind, self.c, method=self.method, source_dtype=dtype, **self._iteration()
-        )
-
-    def matmul_only(self, X: Tensor) -> bool:
-        """Whether this operator runs on matrices like ``X`` with matrix products only: a soft
-        clip by ``"polar"`` or ``"mixed"`` (``"auto"`` where it picks one of them), which reads
-        α on the host once per call and runs fastest on large batches."""
-        method = soft_clip_method(self.method, X.device, X.dtype)
-        return self.kind == "soft_clip" and method in ("polar", "mixed")
-
-    def deferred(self, X: Tensor) -> bool:
-        """Whether :func:`spectra.ops.batched_apply_all_` runs this operator on matrices like
-        ``X`` in two halves around one host read: :meth:`matmul_only`, off the CPU (see
-        :data:`READ_ONCE_ON_CPU`)."""
-        return (X.device.type != "cpu" or READ_ONCE_ON_CPU) and self.matmul_only(X)
-
-    def begin(self, U: Tensor) -> SoftClipPending:
-        """The device half of a soft clip (:func:`spectra.ops.soft_clip_begin`)."""
-        return soft_clip_begin(U, self.c, method=self.method, **self._iteration())
-
-    def end(self, U: Tensor, pending: SoftClipPending, values: Sequence[float]) -> Tensor:
-        return soft_clip_end(U, pending, values)
-
-
-@dataclass(frozen=True)
-class ParamPlan:
-    """One parameter's links for one step.
-
-    Attributes:
-        lr: η (including any per-parameter scale).
-        weight_decay: λ; the weights are multiplied by ``1 − λη``.
-        shape: the ``(m, n)`` matrix the spectral links see; ``None`` when they skip it.
-        pre: the operator on the raw gradient, or ``None``.
-        post: the operator on the direction, or ``None``.
-        scale: α, the factor of the update (1 without a post operator).
-        shard: the ``DTensor`` parameter when the chain gets its local shard (FSDP2); the
-            spectral links then assemble the whole matrix (see :mod:`spectra.optim.distributed`).
-        pre_state: for an adaptive pre-clip, the parameter's optimizer state, whose
-            ``"pre_clip_ema"`` the pre-clip link updates (``pre`` then has ``c = inf`` on a
-            step that only measures); see :mod:`spectra.optim.settings`.
-        pre_beta: β of that running scale.
-    """
-
-    lr: float
-    weight_decay: float = 0.0
-    shape: tuple[int, int] | None = None
-    pre: SpectralOp | None = None
-    post: SpectralOp | None = None
-    scale: float = 1.0
-    shard: Tensor | None = field(default=None, compare=False, repr=False)
-    pre_state: dict[str, Any] | None = field(default=None, compare=False, repr=False)
-    pre_beta: float = 0.0
 
 
 # --------------------------------------------------------------------------- the links

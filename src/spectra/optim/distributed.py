@@ -34,7 +34,6 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -42,9 +41,7 @@ from torch import Tensor
 
 from spectra.ops._common import fp32_products_are_ieee
 from spectra.ops.batched import batch_indices
-
-if TYPE_CHECKING:  # the chain's operator type (the chain imports this module)
-    from spectra.optim.chain import SpectralOp
+from spectra.optim.plan import SpectralOp
 
 Op = Callable[[Tensor], Tensor]
 

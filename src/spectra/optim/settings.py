@@ -47,14 +47,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from spectra.optim.chain import (
-    POST_KINDS,
-    ParamPlan,
-    SpectralOp,
-    default_scale,
-    matrix_shape,
-)
+from spectra.ops.base import Options
+from spectra.ops.methods import method_names, operator
+from spectra.optim.chain import default_scale, matrix_shape
 from spectra.optim.distributed import is_sharded
+from spectra.optim.plan import POST_KINDS, ParamPlan, SpectralOp
 from spectra.validate import check_choice, check_int, check_number
 
 CLIP_PARAMS = ("matrices", "all")
@@ -115,14 +112,18 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
     if iteration and group["post"] == "hard_clip":
         raise ValueError("clip_ns_steps and clip_ns_dtype apply to soft_clip and orthogonalize")
     kinds = {group["post"]} | ({"soft_clip"} if pre_clips(group) else set())
-    for kind in kinds:
-        # Asking the operator keeps this check in step with the methods spectra.ops offers.
-        try:
-            op_of(group, kind, 1.0)(torch.eye(2).unsqueeze(0))
-        except (ValueError, TypeError) as err:
+    for kind in sorted(kinds):
+        if group["clip_method"] not in method_names(kind):
             raise ValueError(
-                f"clip_method={group['clip_method']!r} is not valid for post={kind!r}: {err}"
-            ) from None
+                f"clip_method={group['clip_method']!r} is not valid for post={kind!r}; expected "
+                f"one of {', '.join(method_names(kind))}"
+            )
+        # the method's own check of its settings (e.g. ns_steps for polar_express)
+        op = operator(kind, group["clip_method"], torch.device("cpu"), torch.float32)
+        try:
+            op.check(Options(group["clip_ns_steps"], ns_dtype_of(group["clip_ns_dtype"])))
+        except ValueError as err:
+            raise ValueError(f"clip_method={group['clip_method']!r}: {err}") from None
 
 
 def op_of(group: dict[str, Any], kind: str, c: float | None) -> SpectralOp:

@@ -41,9 +41,10 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from spectra.ops import _common, soft_clip, soft_clip_paper, spectral
-from spectra.ops.polar import inverse_sqrt_schedule
-from spectra.ops.spectral import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL, _mixed_exact_steps
+from spectra.ops import _common, mixed, soft_clip, soft_clip_paper
+from spectra.ops.mixed import exact_steps
+from spectra.ops.polar import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
+from spectra.ops.quintics import inverse_sqrt_schedule
 from spectra_lab.bench.ops import matmul_flops, mixed_flops
 from spectra_lab.bench.optim import llama_shapes
 from spectra_lab.bench.tables import markdown_table
@@ -100,7 +101,7 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
     with (
         _KernelCounter() as counter,
         mock.patch.object(_common, "has_bf16_units", _yes),
-        mock.patch.object(spectral, "has_bf16_units", _yes),
+        mock.patch.object(mixed, "has_bf16_units", _yes),
     ):
         calls[method]()
     total = sum(counter.ops.values())
@@ -139,7 +140,7 @@ def step_model(
         rows.append(("polar-bf16x3", 3 * polar_f, split_l, PEAK_TFLOPS["bf16"]))
     alpha = 1.0 + sigma_over_c**2
     coeffs = inverse_sqrt_schedule(1.0 / math.sqrt(alpha), POLAR_TOL)
-    exact = _mixed_exact_steps(coeffs, 1.0 / math.sqrt(alpha))
+    exact = exact_steps(coeffs, 1.0 / math.sqrt(alpha))
     full, half = (
         sum(f) for f in zip(*(mixed_flops((m, n), steps, exact) for m, n in mats), strict=True)
     )

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from spectra.ops import orthogonalize, soft_clip
 from spectra.ops._common import single_thread_lapack
-from spectra.ops.spectral import polar_steps
+from spectra.ops.polar import polar_steps
 from spectra.validate import check_int, check_number
 from spectra_lab.bench.precision import add_tf32_argument, apply_tf32, device_about
 from spectra_lab.bench.tables import markdown_table, text_table

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import spectra.ops
-from spectra.ops.polar import render_tables
+from spectra.ops.quintics import render_tables
 from spectra_lab.files import atomic_write
 
 

@@ -30,7 +30,8 @@ import torch
 from torch import Tensor
 
 from spectra.ops import spectral_lmo
-from spectra.optim.chain import ParamPlan, SpectralOp, spectra_step
+from spectra.optim.chain import spectra_step
+from spectra.optim.plan import ParamPlan, SpectralOp
 from spectra_lab.synth.problem import DTYPE, LogisticProblem
 
 StepForm = Literal["clip", "fw"]

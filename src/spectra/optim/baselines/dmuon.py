@@ -33,12 +33,13 @@ import torch
 from torch import Tensor, nn
 
 from spectra.ops import newton_schulz_quintic
-from spectra.ops.spectral import MUON_NS_COEFFS
+from spectra.ops.muon import MUON_NS_COEFFS
 from spectra.optim.adamw import adam_moments_
 from spectra.optim.base import step_counter
 from spectra.optim.baselines.base import BaselineOptimizer
-from spectra.optim.chain import ParamPlan, SpectralOp, add_update_, decay_weights_
+from spectra.optim.chain import add_update_, decay_weights_
 from spectra.optim.distributed import apply_sharded, is_sharded, local
+from spectra.optim.plan import ParamPlan, SpectralOp
 from spectra.optim.settings import NS_DTYPES, ns_dtype_of
 from spectra.validate import check_int, check_number, check_pair
 

@@ -54,7 +54,8 @@ from spectra.ops._common import compute_dtype
 from spectra.optim.adamw import adam_moments_
 from spectra.optim.base import step_counter
 from spectra.optim.baselines.base import BaselineOptimizer
-from spectra.optim.chain import ParamPlan, add_update_, decay_weights_
+from spectra.optim.chain import add_update_, decay_weights_
+from spectra.optim.plan import ParamPlan
 from spectra.validate import check_int, check_number, check_pair
 
 

@@ -1,0 +1,72 @@
+"""The table of clip methods: one row per method, read by every operator and the Gram route.
+
+``METHODS`` maps a method's name to what it offers each operator (:class:`~spectra.ops.base.
+ClipMethod`). ``"auto"`` is not a row: :func:`resolve` picks a row for the input's device and
+dtype. A name that is not in the table, or a method that does not offer the operator, is an
+error wherever it is asked for; nothing falls back to another method.
+
+Adding a method is one module that defines ``METHOD`` (see ``docs/architecture.md``) and one
+row here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectra.ops import eigh, mixed, muon, paper, polar, polar_express, svd
+from spectra.ops._common import has_bf16_units
+from spectra.ops.base import ClipMethod, Operator
+
+METHODS: dict[str, ClipMethod] = {
+    m.name: m
+    for m in (
+        eigh.METHOD,
+        svd.METHOD,
+        polar.METHOD,
+        mixed.METHOD,
+        paper.METHOD,
+        muon.METHOD,
+        polar_express.METHOD,
+    )
+}
+
+OPERATORS: tuple[str, ...] = ("soft_clip", "hard_clip", "orthogonalize")
+
+
+def default_method(kind: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The method ``"auto"`` picks for ``kind`` on ``dtype`` input on ``device``.
+
+    ``soft_clip``: on CUDA ``"polar"``; on a CPU with bf16 units (AMX, AVX-512 BF16)
+    ``"mixed"`` for float32 and bf16 input, the fastest there at the bf16 floor of error
+    (4-8e-3); elsewhere ``"eigh"`` (exact, cheaper than any float32 iteration on a CPU).
+    float64 input keeps an exact method (docs/operators.md). ``hard_clip``: ``"eigh"``
+    (min(σ, c) has a kink at c, which polynomial iterations resolve only slowly).
+    ``orthogonalize``: ``"svd"``.
+    """
+    if kind == "soft_clip":
+        if device.type == "cuda":
+            return "polar"
+        return "mixed" if dtype != torch.float64 and has_bf16_units(device) else "eigh"
+    return "eigh" if kind == "hard_clip" else "svd"
+
+
+def method_names(kind: str) -> tuple[str, ...]:
+    """The methods ``kind`` accepts, ``"auto"`` first."""
+    return ("auto", *(n for n, m in METHODS.items() if getattr(m, kind) is not None))
+
+
+def resolve(kind: str, method: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``method`` with ``"auto"`` resolved; ValueError naming the valid ones if ``kind`` has no
+    such method."""
+    if kind not in OPERATORS:
+        raise ValueError(f"unknown operator {kind!r}; expected one of {', '.join(OPERATORS)}")
+    names = method_names(kind)
+    if method not in names:
+        raise ValueError(f"unknown {kind} method {method!r}; expected one of {', '.join(names)}")
+    return default_method(kind, device, dtype) if method == "auto" else method
+
+
+def operator(kind: str, method: str, device: torch.device, dtype: torch.dtype) -> Operator:
+    """The :class:`~spectra.ops.base.Operator` that ``kind(X, method=method)`` runs for ``dtype``
+    input on ``device``."""
+    return getattr(METHODS[resolve(kind, method, device, dtype)], kind)
