@@ -54,7 +54,8 @@ class Operator:
             computes what the single-process one does, or the exact operator where the method
             approximates it.
         check: validates ``options`` before any work (for every input, 1-D and empty included).
-        with_norm: ``(op(X), σ̂_max(X))`` from the work ``apply`` does anyway (soft clip only).
+        with_norm: ``(op(X), σ̂_max(X))`` from the work ``apply`` does anyway (soft clip only;
+            without it :func:`~spectra.ops.soft_clip_with_norm` takes σ_max from an SVD).
         begin: a two-phase method's device half: ``(request, state)``, where ``request`` is a
             1-D float64 tensor the caller reads on the host (for many calls at once).
         end: ``end(X, c, options, state, values)``: the rest, given the host values.

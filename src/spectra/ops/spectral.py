@@ -162,6 +162,8 @@ def soft_clip_with_norm(X: Tensor, c: float, **kwargs: Any) -> tuple[Tensor, Ten
         return Y, norm
     if not op.checks_finite:
         check_finite(X)
+    if op.with_norm is None:  # σ_max itself, by a float64 SVD
+        return op.apply(X, c, options), torch.linalg.matrix_norm(X.to(torch.float64), ord=2)
     return op.with_norm(X, c, options)
 
 

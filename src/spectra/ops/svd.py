@@ -26,10 +26,6 @@ def _soft(X: Tensor, c: float, options: Options) -> Tensor:
     return spectral_map(X, lambda s: s * soft_weight(c)(s))
 
 
-def _soft_with_norm(X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:
-    return _soft(X, c, options), torch.linalg.matrix_norm(X.to(torch.float64), ord=2)
-
-
 def _orth(X: Tensor, c: None, options: Options) -> Tensor:
     def phi(S: Tensor) -> Tensor:
         tol = S.amax(dim=-1, keepdim=True) * max(X.shape[-2:]) * torch.finfo(S.dtype).eps
@@ -40,7 +36,7 @@ def _orth(X: Tensor, c: None, options: Options) -> Tensor:
 
 METHOD = ClipMethod(
     "svd",
-    soft_clip=Operator(_soft, exact_gram_factor(soft_weight), with_norm=_soft_with_norm),
+    soft_clip=Operator(_soft, exact_gram_factor(soft_weight)),
     hard_clip=Operator(
         lambda X, c, o: spectral_map(X, lambda s: s.clamp(max=c)), exact_gram_factor(hard_weight)
     ),
