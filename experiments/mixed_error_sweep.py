@@ -24,7 +24,8 @@ import torch
 
 import spectra.ops.spectral as spectral
 from spectra.ops import soft_clip
-from spectra_lab.bench.ops import references, rel_err, spiked
+from spectra_lab.bench.matrices import spiked
+from spectra_lab.bench.ops import references, rel_err
 
 
 def mixed_error(X: torch.Tensor, c: float) -> float:
