@@ -22,9 +22,10 @@ import random
 
 import torch
 
-import spectra.ops.spectral as spectral
+import spectra.ops.mixed as mixed
 from spectra.ops import soft_clip
-from spectra_lab.bench.ops import references, rel_err, spiked
+from spectra_lab.bench.matrices import spiked
+from spectra_lab.bench.ops import references, rel_err
 
 
 def mixed_error(X: torch.Tensor, c: float) -> float:
@@ -78,16 +79,16 @@ def main(argv: list[str] | None = None) -> int:
         spiked_table()
         return 0
     inputs = cases(args.cases, args.seed)
-    default = spectral.MIXED_MAX_BF16_STEPS
+    default = mixed.MIXED_MAX_BF16_STEPS
     try:
         for cap in args.max_bf16_steps:
-            spectral.MIXED_MAX_BF16_STEPS = cap
+            mixed.MIXED_MAX_BF16_STEPS = cap
             errors = [mixed_error(X, c) for X, c in inputs]
             over = sum(e > 1e-2 for e in errors)
             print(f"at most {cap} bf16 steps: worst error {max(errors):.2e}, "
                   f"{over} of {len(errors)} above 1e-2")  # fmt: skip
     finally:
-        spectral.MIXED_MAX_BF16_STEPS = default
+        mixed.MIXED_MAX_BF16_STEPS = default
     return 0
 
 

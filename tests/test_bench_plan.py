@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from spectra_lab.bench.memory import measure
-from spectra_lab.bench.plan import activation_bytes, plan, vocab_of
 from spectra_lab.cli import main
+from spectra_lab.estimate.plan import activation_bytes, plan, vocab_of
 from spectra_lab.model import Llama, ModelConfig, flops_per_token, model_config
 from spectra_lab.train.config import TrainConfig
 from spectra_lab.train.optimizers import OPTIMIZERS

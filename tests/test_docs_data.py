@@ -46,7 +46,7 @@ def span(lo: float, hi: float, fmt: str = ".2f") -> str:
 
 
 def test_h100_model_table_is_the_stored_report():
-    from spectra_lab.bench.gpu_model import format_report, report
+    from spectra_lab.estimate.gpu_model import format_report, report
 
     stored = data("docs/data/gpu_model_h100.json")
     for line in format_report(stored).splitlines()[2:]:
@@ -578,7 +578,7 @@ def test_matmul_rates_quoted_from_the_stored_runs():
 
 
 def test_gpu_page_tables_are_the_stored_gpu_check():
-    from spectra_lab.bench.gpu_check import markdown_summary, ops_figures
+    from spectra_lab.gpucheck.check import markdown_summary, ops_figures
 
     doc = text("docs/gpu.md")
     for line in markdown_summary(DATA / "gpu").splitlines():
@@ -625,7 +625,7 @@ def test_gpu_check_skips_a_part_with_less_than_four_fifths_of_its_limit_left(
 
     import torch
 
-    from spectra_lab.bench import gpu_check
+    from spectra_lab.gpucheck import check as gpu_check
 
     now = [0.0]
     ran: list[tuple[str, float]] = []
@@ -659,7 +659,7 @@ def test_gpu_check_summary_has_the_780m_table_with_or_without_its_tf32_half(tmp_
     import json
     import shutil
 
-    from spectra_lab.bench.gpu_check import markdown_summary
+    from spectra_lab.gpucheck.check import markdown_summary
 
     stored = DATA / "gpu"
     heading = "Optimizer step at the 780M shapes"

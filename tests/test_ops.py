@@ -22,7 +22,7 @@ from spectra.ops import (
     spectral_lmo,
 )
 from spectra.ops.quintics import inverse_sqrt_schedule, polar_express_band
-from spectra_lab.bench.ops import spiked
+from spectra_lab.bench.matrices import spiked
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -201,7 +201,7 @@ def test_mixed_flops_are_the_products_the_method_runs(monkeypatch, spike, shape)
     from spectra.ops import _common, mixed, polar
     from spectra.ops._common import wide_view
     from spectra.ops.mixed import exact_steps as _mixed_exact_steps
-    from spectra_lab.bench.ops import mixed_flops
+    from spectra_lab.bench.flops import mixed_flops
 
     # bf16 products as one product each, as on a device with bf16 units
     monkeypatch.setattr(_common, "has_bf16_units", lambda device: True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectra_lab.bench import matrices, ops_report
 from spectra_lab.bench import ops as bench_ops
 from spectra_lab.cli import main
 
@@ -27,7 +28,7 @@ def test_bench_ops_quick_writes_a_complete_table(tmp_path, capsys):
     assert payload["cpu_bf16"] == cpu_bf16()  # the report says how this CPU runs bf16
     cells = payload["cells"]
     names = set(bench_ops.methods(1.0))
-    n_groups = len(bench_ops.QUICK_SHAPES) * len(bench_ops.DTYPES) * 2
+    n_groups = len(matrices.QUICK_SHAPES) * len(matrices.DTYPES) * 2
     assert len(cells) == n_groups * len(names)
     assert {cell["method"] for cell in cells} == names
     for cell in cells:
@@ -52,7 +53,7 @@ def test_bench_ops_writes_markdown_for_other_suffixes(tmp_path):
     args = ["bench", "ops", "--quick", "--no-progress", "--dtypes", "fp32", "--inputs", "gauss"]
     assert main([*args, "--out", str(out)]) == 0
     cells_table, summary = out.read_text().split("\n\n")[1:3]
-    assert cells_table.count("\n| ") == len(bench_ops.QUICK_SHAPES)  # one line per shape
+    assert cells_table.count("\n| ") == len(matrices.QUICK_SHAPES)  # one line per shape
     assert summary.startswith("| method | cells |")
     assert summary.count("\n| ") == len(bench_ops.methods(1.0))
 
@@ -95,7 +96,7 @@ def test_bench_ops_sizes_times_square_inputs_and_draws_the_figure(tmp_path, caps
     assert "Median time (ms) against n" in printed
     assert max(len(line) for line in printed.splitlines()) <= 100
     # the sizes table: median ms per method and the SSC/orthogonalization ratios
-    table = bench_ops.sizes_table([bench_ops.Cell(**c) for c in cells])
+    table = ops_report.sizes_table([ops_report.Cell(**c) for c in cells])
     ms = {(c["method"], c["shape"]): c["time_ms"] for c in cells}
     row = next(line for line in table.splitlines() if line.startswith("| fp32 | adam_spike | 32 |"))
     ratio = ms["paper_fp32", "32x32"] / ms["orth_muon_fp32", "32x32"]
@@ -138,11 +139,11 @@ def test_bench_ops_rejects_bad_sizes_in_one_line(extra, message, capsys):
 
 
 def test_square_size_reads_only_square_labels():
-    assert bench_ops.square_size("48x48") == 48
-    assert list(bench_ops.square_shapes([4, 2, 4])) == ["4x4", "2x2"]
+    assert matrices.square_size("48x48") == 48
+    assert list(matrices.square_shapes([4, 2, 4])) == ["4x4", "2x2"]
     for label in ("48x80", "2x32x32", "axa"):
         with pytest.raises(ValueError, match="square"):
-            bench_ops.square_size(label)
+            matrices.square_size(label)
 
 
 def test_bench_optim_is_dispatched_to_its_module(monkeypatch):
@@ -159,7 +160,7 @@ def test_bench_optim_is_dispatched_to_its_module(monkeypatch):
 
 
 def test_recorder_recovers_the_adamw_direction_from_the_weights():
-    from spectra_lab.bench.inputs import _Recorder
+    from spectra_lab.generate.record_inputs import _Recorder
 
     torch.manual_seed(0)
     W = torch.nn.Parameter(torch.randn(6, 5))
@@ -182,7 +183,8 @@ def test_recorder_recovers_the_adamw_direction_from_the_weights():
 
 
 def test_record_inputs_trains_and_saves_directions_at_the_chosen_fractions(tmp_path):
-    from spectra_lab.bench.inputs import load, record
+    from spectra_lab.bench.matrices import load
+    from spectra_lab.generate.record_inputs import record
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_train import write_dataset
@@ -206,7 +208,7 @@ def test_record_inputs_trains_and_saves_directions_at_the_chosen_fractions(tmp_p
 
 
 def test_bench_ops_reads_recorded_inputs(tmp_path, capsys):
-    from spectra_lab.bench.inputs import DEFAULT_FILE
+    from spectra_lab.bench.matrices import DEFAULT_FILE
 
     args = ["bench", "ops", "--quick", "--no-progress", "--dtypes", "fp32", "--inputs"]
     args += ["recorded", "--methods", "auto", "paper_fp32", "--out", str(tmp_path / "o.json")]
@@ -223,7 +225,7 @@ def test_bench_ops_reads_recorded_inputs(tmp_path, capsys):
 
 
 def test_gpu_model_counts_the_flops_and_launches_of_both_methods(capsys):
-    from spectra_lab.bench import gpu_model
+    from spectra_lab.estimate import gpu_model
 
     # the counter: compute operations only (the transpose view is not a launch)
     A, B = torch.randn(4, 5), torch.randn(4, 3)

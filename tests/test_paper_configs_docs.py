@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spectra_lab.bench.plan import _duration, plan
+from spectra_lab.estimate.plan import _duration, plan
 from spectra_lab.train.config import TrainConfig, build_config, read_config_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -23,6 +23,9 @@ ORDER = (
     "sweep",
     "mup",
     "bench",
+    "estimate",
+    "generate",
+    "gpucheck",
     "cli",
     "__main__",
 )

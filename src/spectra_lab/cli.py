@@ -31,6 +31,30 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("spectra_lab.bench.cli", "benchmarks of operators and optimizers"),
     "mup": ("spectra_lab.mup.cli", "μP tools: the coordinate check"),
 }
+#: Subcommands of a group whose modules live in rooms above the group's own (which may not
+#: import them): group -> {name: (module, one-line help)}, handed to the group's
+#: ``add_arguments`` after its own. Under ``spectra bench``: the analytic estimates, the GPU
+#: check and the recorder of the operator benchmark's inputs, beside the measurements.
+MORE_SUBCOMMANDS: dict[str, dict[str, tuple[str, str]]] = {
+    "bench": {
+        "plan": (
+            "spectra_lab.estimate.plan",
+            "expected step time and memory per GPU of training configs, without running them",
+        ),
+        "gpu-model": (
+            "spectra_lab.estimate.gpu_model",
+            "flop and launch-count model of soft clipping on an H100 (not a measurement)",
+        ),
+        "gpu-check": (
+            "spectra_lab.gpucheck.check",
+            "every GPU check at once: CUDA tests, bench ops/optim, 124M training (make gpu-check)",
+        ),
+        "record-inputs": (
+            "spectra_lab.generate.record_inputs",
+            "record update directions from real cpu-small runs for bench ops",
+        ),
+    },
+}
 
 
 #: a negative number, also with an exponent (argparse's own pattern has none)
@@ -56,7 +80,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == wanted:
-            importlib.import_module(module).add_arguments(p)
+            add_arguments = importlib.import_module(module).add_arguments
+            if name in MORE_SUBCOMMANDS:
+                add_arguments(p, MORE_SUBCOMMANDS[name])
+            else:
+                add_arguments(p)
     return parser
 
 

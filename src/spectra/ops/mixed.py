@@ -74,7 +74,7 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     the spectrum by ``≈ 4e-3·σ_max``.
 
     Cost for ``K`` steps of which ``e ≥ 1`` exact and ``r = K − e ≥ 1`` in bf16, ``m ≤ n``
-    (:func:`spectra_lab.bench.ops.mixed_flops` has every case): ``2m²n`` twice (Gram matrix,
+    (:func:`spectra_lab.bench.flops.mixed_flops` has every case): ``2m²n`` twice (Gram matrix,
     last product) and ``2m³`` times ``4e`` (``G²``, the exact steps, ``K = W Z_e``) in
     float32; ``(4r − 3)·2m³`` in bf16. The paper's Algorithm 1 (``N_s = 10``) takes ``4m²n + 60m³``
     in bf16. One host synchronisation per call, as in :func:`soft_clip_polar`.

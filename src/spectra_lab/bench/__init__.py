@@ -1,1 +1,2 @@
-"""Benchmarks: ``spectra bench ops`` (spectral operators) and ``spectra bench optim``."""
+"""Measurements: ``spectra bench ops`` (spectral operators), ``optim``, ``dist``, ``memory`` and
+``step``."""

@@ -3,12 +3,18 @@
 Each benchmark module provides ``add_arguments(parser)`` and ``run(args) -> int``. A module is
 imported only when its sub-subcommand is parsed, so ``spectra bench ops`` never imports the
 optimizer benchmark and ``spectra bench --help`` imports neither.
+
+``BENCHMARKS`` are the measurements of this package. The other ``spectra bench`` commands (the
+analytic estimates, the GPU check, the recorder of ``bench ops``' inputs) live in rooms above
+this one, which it may not import: ``spectra_lab.cli`` hands their names to
+:func:`add_arguments`, and they are dispatched the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Mapping
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "ops": ("spectra_lab.bench.ops", "time and accuracy of the spectral operators"),
@@ -21,22 +27,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "step": (
         "spectra_lab.bench.step",
         "a training step's time and the optimizer's share (the paper's timing table)",
-    ),
-    "plan": (
-        "spectra_lab.bench.plan",
-        "expected step time and memory per GPU of training configs, without running them",
-    ),
-    "gpu-model": (
-        "spectra_lab.bench.gpu_model",
-        "flop and launch-count model of soft clipping on an H100 (not a measurement)",
-    ),
-    "gpu-check": (
-        "spectra_lab.bench.gpu_check",
-        "every GPU check at once: CUDA tests, bench ops/optim, 124M training (make gpu-check)",
-    ),
-    "record-inputs": (
-        "spectra_lab.bench.inputs",
-        "record update directions from real cpu-small runs for bench ops",
     ),
 }
 
@@ -62,9 +52,15 @@ class _LazyParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, more: Mapping[str, tuple[str, str]] | None = None
+) -> None:
+    """A sub-subcommand per benchmark, then one per entry of ``more`` (name -> (module,
+    one-line help)), each module imported only when its sub-subcommand is parsed."""
+    table = {**BENCHMARKS, **(more or {})}
+    parser.set_defaults(bench_names=tuple(table))
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", parser_class=_LazyParser)
-    for name, (module, help_text) in BENCHMARKS.items():
+    for name, (module, help_text) in table.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.lazy_module = module
         p.set_defaults(bench_module=module)
@@ -75,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
     if module is None:
         from spectra_lab.errors import CLIError
 
-        raise CLIError(f"choose a benchmark: {', '.join(BENCHMARKS)}")
+        names = getattr(args, "bench_names", tuple(BENCHMARKS))
+        raise CLIError(f"choose a benchmark: {', '.join(names)}")
     return int(importlib.import_module(module).run(args) or 0)

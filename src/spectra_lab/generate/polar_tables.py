@@ -1,4 +1,4 @@
-"""Regenerate ``spectra.ops._polar_coeffs``: ``python -m spectra_lab.bench.polar_tables``.
+"""Regenerate ``spectra.ops._polar_coeffs``: ``python -m spectra_lab.generate.polar_tables``.
 
 Re-solves every minimax quintic of :mod:`spectra.ops.polar` by linear programming (scipy, a
 few minutes), writes the table module atomically and formats it with ruff when ruff is

@@ -6,10 +6,10 @@ recovers the update direction ``U`` of some clipped matrices from the weights ar
 step: with decoupled weight decay ``X₊ = (1 − ηλ)X − ηU``, so ``U = ((1 − ηλ)X − X₊)/η``
 (the group's own η and λ). These are the matrices the post-clip ``H_c(U)`` acts on in
 SPECTRA training; ``spectra bench ops`` times and checks the operators on them beside its
-synthetic inputs.
+synthetic inputs (:mod:`spectra_lab.bench.matrices` reads them).
 
-The recorded file ships with the package (``data/cpu_small_directions.pt``); recording it
-again takes a few minutes on a CPU.
+The recorded file ships with the package (``spectra_lab/bench/data/cpu_small_directions.pt``);
+recording it again takes a few minutes on a CPU.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ import torch
 from torch import Tensor
 
 from spectra.validate import check_int
+from spectra_lab.bench.matrices import DEFAULT_FILE
 from spectra_lab.files import atomic_path
 
-#: The file ``spectra bench ops --inputs recorded`` reads by default.
-DEFAULT_FILE = Path(__file__).parent / "data" / "cpu_small_directions.pt"
 OPTIMIZERS = ("adamw", "signum", "ademamix")
 #: Learning rates of the recording runs (the main job's for AdamW and AdEMAMix; a sign
 #: update has unit entries, so Signum takes a smaller one).
@@ -131,17 +130,6 @@ def record(
     with atomic_path(out) as tmp_path:
         torch.save({"meta": meta, "directions": found}, tmp_path)
     return found
-
-
-def load(path: str | Path = DEFAULT_FILE) -> dict[str, Tensor]:
-    """The recorded directions: ``{"optimizer@step/group": U}`` as float32."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: no recorded directions; run `spectra bench record-inputs --out {path}`"
-        )
-    found = torch.load(path, weights_only=True)["directions"]
-    return {key: U.float() for key, U in found.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ matrix-product flops and the kernel launches of
   ≤ 1e4``, beyond which it runs as ``polar``;
 * ``mixed``: ``soft_clip(method="mixed")``, its Gram matrix and first steps in float32
   (float64 past α = 1e5, at the same H100 rate) and the rest in bf16
-  (:func:`~spectra_lab.bench.ops.mixed_flops`);
+  (:func:`~spectra_lab.bench.flops.mixed_flops`);
 
 and turns them into time with ``t = flops / (efficiency · peak) + launches · t_launch``.
 The peaks are NVIDIA's H100 SXM figures (dense): bf16 989 TFLOP/s, TF32 495, float32 67,
@@ -45,7 +45,7 @@ from spectra.ops import _common, mixed, soft_clip, soft_clip_paper
 from spectra.ops.mixed import exact_steps
 from spectra.ops.polar import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
 from spectra.ops.quintics import inverse_sqrt_schedule
-from spectra_lab.bench.ops import matmul_flops, mixed_flops
+from spectra_lab.bench.flops import matmul_flops, mixed_flops
 from spectra_lab.bench.optim import llama_shapes
 from spectra_lab.bench.tables import markdown_table
 
