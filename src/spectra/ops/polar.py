@@ -363,7 +363,8 @@ class TwoPhase:
         return self.finish(X, c, plan), g
 
     def apply(self, X: Tensor, c: float, options: Options) -> Tensor:
-        return self.with_norm(X, c, options)[0]
+        request, g = self.begin(X, c, options)
+        return self.end(X, c, options, g, request.tolist())  # rejects non-finite input
 
     def with_norm(self, X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:
         """``(H_c(X), s_max)`` with the bound ``s_max`` that set α (float64, one per matrix)."""
