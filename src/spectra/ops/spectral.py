@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import torch
 from torch import Tensor
@@ -37,9 +37,21 @@ from spectra.ops.eigh import hard_weight, soft_weight
 from spectra.ops.methods import default_method, operator, resolve
 from spectra.validate import check_int
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 SoftClipMethod = Literal["auto", "eigh", "svd", "paper", "polar", "mixed"]
 HardClipMethod = Literal["auto", "eigh", "svd"]
 OrthMethod = Literal["auto", "svd", "muon", "polar_express"]
+
+
+class SoftClipKeywords(TypedDict, total=False):
+    """The keyword arguments of :func:`soft_clip`, taken as they are by its other entry points."""
+
+    method: SoftClipMethod
+    ns_steps: int
+    ns_dtype: torch.dtype | None
+    tol: float
 
 
 def soft_clip_method(method: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
@@ -106,7 +118,7 @@ class SoftClipPending:
     state: Any = None
 
 
-def soft_clip_begin(X: Tensor, c: float, **kwargs: Any) -> SoftClipPending:
+def soft_clip_begin(X: Tensor, c: float, **kwargs: Unpack[SoftClipKeywords]) -> SoftClipPending:
     """The first half of ``soft_clip(X, c, **kwargs)`` (the same keyword arguments): for a
     two-phase method the Gram matrices and the α bound, without a host synchronisation.
     Reading ``request`` for many calls at once (one ``torch.cat(...).tolist()``) and passing
@@ -135,7 +147,9 @@ def soft_clip_end(X: Tensor, pending: SoftClipPending, values: Sequence[float]) 
     return op.end(X, p.c, p.options, p.state, values)
 
 
-def soft_clip_with_norm(X: Tensor, c: float, **kwargs: Any) -> tuple[Tensor, Tensor]:
+def soft_clip_with_norm(
+    X: Tensor, c: float, **kwargs: Unpack[SoftClipKeywords]
+) -> tuple[Tensor, Tensor]:
     r"""``(H_c(X), σ̂_max(X))``: :func:`soft_clip` (the same keyword arguments) and each matrix's
     spectral scale, read off the Gram matrix the clip forms anyway (no extra pass over X).
 
