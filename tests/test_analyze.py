@@ -206,7 +206,7 @@ def test_analyze_noise_measures_signal_noise_spikes_and_distances(train_dataset,
 
     # Step 1 sees the initial weights: rebuild them, and the windows from the same sampler.
     from spectra_lab.data import BatchSampler, TokenDataset
-    from spectra_lab.train.trainer import build_model
+    from spectra_lab.train.build import build_model
 
     cfg = load_cfg(out)
     model, _ = build_model(cfg, 64)

@@ -9,9 +9,9 @@ import torch
 
 from spectra_lab.cli import main
 from spectra_lab.model import Llama, ModelConfig
+from spectra_lab.train.build import model_config_of
 from spectra_lab.train.config import ConfigError, TrainConfig
 from spectra_lab.train.optimizers import build_optimizer, param_groups
-from spectra_lab.train.trainer import model_config_of
 from test_train import small_config, write_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from spectra_lab.model import Llama
+from spectra_lab.train.build import model_config_of
 from spectra_lab.train.config import (
     ConfigError,
     TrainConfig,
@@ -33,7 +34,7 @@ from spectra_lab.train.config import (
 )
 from spectra_lab.train.optimizers import build_optimizer, check_optimizer
 from spectra_lab.train.schedule import build_lr_lambda
-from spectra_lab.train.trainer import model_config_of, train
+from spectra_lab.train.trainer import train
 from test_train import write_dataset
 
 pytestmark = pytest.mark.usefixtures("one_thread")

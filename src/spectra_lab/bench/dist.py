@@ -214,8 +214,8 @@ def _layout_model(model: torch.nn.Module, layout: str, rank: int, world: int) ->
     if layout == "ddp":
         return
     from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.parallel import wrap_model
     from spectra_lab.train.runtime import Runtime
-    from spectra_lab.train.trainer import wrap_model
 
     parallel = layout.split("-")[0]  # fsdp2-whole and fsdp2-gram shard alike
     tp = {"tp": world, "2d": world // 2}.get(parallel, 1)
@@ -280,7 +280,7 @@ def traffic_model(preset: str, vocab: int, n: int, bytes_per: int = 4) -> dict[s
     from spectra.optim import distributed as spectra_dist
     from spectra_lab.model import Llama, model_config
     from spectra_lab.train.optimizers import DECAY_GROUPS, group_of
-    from spectra_lab.train.trainer import TP_PLAN
+    from spectra_lab.train.parallel import TP_PLAN
 
     with torch.device("meta"):
         model = Llama(model_config(preset, vocab))

@@ -50,10 +50,10 @@ def base_of(name: str) -> str:
 
 def build(name: str, preset: str, **config: Any) -> tuple[Any, Any, Any, Any]:
     """``(cfg, model, model_cfg, optimizer)`` built as ``spectra train`` builds them."""
+    from spectra_lab.train.build import build_model
     from spectra_lab.train.config import TrainConfig
     from spectra_lab.train.optimizers import build_optimizer
     from spectra_lab.train.schedule import build_lr_lambda
-    from spectra_lab.train.trainer import build_model
 
     cfg = TrainConfig(preset=preset, optimizer=name, **config)
     model, model_cfg = build_model(cfg, VOCAB)

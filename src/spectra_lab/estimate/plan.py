@@ -59,6 +59,7 @@ import torch
 
 from spectra.validate import check_int, check_number
 from spectra_lab.errors import CLIError
+from spectra_lab.train.build import model_config_of
 from spectra_lab.train.throughput import GPUS
 
 #: GPT-2's vocabulary through tiktoken (rounded up to the config's vocab_multiple, as the
@@ -105,7 +106,6 @@ def plan(cfg: Any, world_size: int = 1, gpu: str = "h100", mfu: float = 0.4) -> 
     from spectra_lab.model import Llama, flops_per_token
     from spectra_lab.train.optimizers import build_optimizer
     from spectra_lab.train.schedule import build_lr_lambda
-    from spectra_lab.train.trainer import model_config_of
 
     model_cfg = model_config_of(cfg, vocab_of(cfg))
     with torch.device("meta"):

@@ -9,6 +9,7 @@ from pathlib import Path
 from spectra.validate import check_int
 from spectra_lab.errors import CLIError
 from spectra_lab.files import save_figure, write_json_atomic
+from spectra_lab.train.build import model_config_of
 from spectra_lab.train.cli import add_config_arguments, config_from_args
 from spectra_lab.train.config import TrainConfig
 
@@ -68,7 +69,6 @@ def coord_config(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     """Train every width in both parametrizations; write the JSON and the figure."""
     from spectra_lab.mup.coord import coord_check, coord_figure, growth
-    from spectra_lab.train.trainer import model_config_of
 
     if args.field_out_dir is None:
         raise CLIError("--out is required: the folder of the runs, the JSON and the figure")

@@ -1,4 +1,5 @@
-"""What a training step achieves on its hardware: tokens per second, MFU and peak memory.
+"""What a training step achieves on its hardware: tokens per second, MFU and peak memory, and
+the seconds each of its phases takes (:class:`Timer`).
 
 MFU (model FLOPs utilisation; PaLM, Chowdhery et al., 2022, appendix B) is the model's
 FLOP/s per device, ``flops_per_token · tokens_per_s_per_device``, divided by the device's
@@ -15,7 +16,10 @@ reading resets the counter); on a CPU, the process's peak resident set size
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -124,3 +128,24 @@ def rates(
         "tokens_per_s_per_device": per_device,
         "mfu": mfu(flops_per_token, per_device, peak),
     }
+
+
+class Timer:
+    """Seconds per phase: ``with timer("forward"):`` adds the block's time to ``t_forward``.
+
+    ``sync`` (the CUDA synchronization, when ``sync_timing``) ends every block, so that a
+    phase's time is its kernels' and not just their launch.
+    """
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.sync = sync
+        self.times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        if self.sync is not None:
+            self.sync()
+        key = f"t_{phase}"
+        self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start
