@@ -80,15 +80,18 @@ class StepCount:
 
 
 def test_step_loop_reads_device_scalars_on_report_steps_only(train_dataset, tmp_path, monkeypatch):
-    # Every host read of a tensor the trainer makes (.item(), .tolist(), float(), int(), bool())
-    # is recorded with the step in progress: on CUDA each one waits for the device.
-    trainer_file = str(Path(sys.modules[train.__module__].__file__))
+    # Every host read of a tensor the training run's modules make (.item(), .tolist(), float(),
+    # int(), bool()) is recorded with the step in progress: on CUDA each one waits for the device.
+    from spectra_lab.train import build, evaluate, parallel, resume
+
+    loop = sys.modules[train.__module__]
+    trainer_files = {str(Path(m.__file__)) for m in (loop, build, evaluate, parallel, resume)}
     counter: list[StepCount] = []
     reads: list[int] = []
 
     def spy(real):
         def read(self, *args, **kwargs):
-            if sys._getframe(1).f_code.co_filename == trainer_file:
+            if sys._getframe(1).f_code.co_filename in trainer_files:
                 reads.append(counter[0].step)
             return real(self, *args, **kwargs)
 
