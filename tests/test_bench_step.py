@@ -6,9 +6,11 @@ import json
 
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
 from spectra_lab.bench.step import base_of, format_report, run_benchmark
 from spectra_lab.cli import main
+from spectra_lab.train.optimizers import OPTIMIZERS, StateSize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,12 +88,36 @@ def test_json_stores_the_report_the_table_is_printed_from(tmp_path, capsys):
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left behind
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["adamw", "spectra-adamw", "ademamix", "signum", "mars", "spectra-mars", "dmuon", "soap"],
-)
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizer_state_memory_equals_the_papers_formula(name):
     from spectra_lab.bench.memory import measure
 
     r = measure(name, "tiny")
     assert r["state_elements"] == r["formula_elements"], r
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_every_registered_optimizer_carries_its_state_size(name):
+    # The registry's row states the formula; a real instance on small float32 parameters
+    # holds that many elements' bytes in optimizer.state after one step (step counters apart).
+    from spectra_lab.model import Llama, model_config
+    from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.optimizers import build_optimizer
+    from spectra_lab.train.schedule import build_lr_lambda
+
+    state = OPTIMIZERS[name].state
+    assert isinstance(state, StateSize) and state.words
+    torch.manual_seed(0)
+    model = Llama(model_config("tiny", 96, seq_len=16))
+    cfg = TrainConfig(preset="tiny", optimizer=name, steps=10, warmup_steps=1)
+    optimizer = build_optimizer(model, cfg, build_lr_lambda(cfg))
+    for p in model.parameters():
+        p.grad = 1e-3 * torch.randn_like(p)
+    optimizer.step()
+    tensors = [
+        t
+        for s in optimizer.state.values()
+        for t in tree_leaves(s)
+        if isinstance(t, torch.Tensor) and t.numel() > 1
+    ]
+    assert sum(t.numel() * t.element_size() for t in tensors) == 4 * state.elements(optimizer)

@@ -42,6 +42,7 @@ from spectra_lab.data.hub import (
     prepare_documents,
     read_local_texts,
 )
+from spectra_lab.data.request import CorpusRequest
 from spectra_lab.data.tokenizers import EOT_TEXT, BPETokenizer, ByteTokenizer
 
 # --------------------------------------------------------------------------- helpers
@@ -321,7 +322,9 @@ def test_uint32_dataset_round_trip(tmp_path):
 def test_crash_mid_write_leaves_no_complete_dataset(tmp_path):
     out = tmp_path / "ds"
     texts = [f"document number {i} " * 20 for i in range(40)]
-    prepare_documents(out, texts, name="t", source={}, tokenizer="bytes", val_fraction=0.1)
+    prepare_documents(
+        out, texts, CorpusRequest(name="t", source={}, tokenizer="bytes", val_fraction=0.1)
+    )
     assert dataset_is_complete(out)
 
     def crashing():
@@ -329,7 +332,7 @@ def test_crash_mid_write_leaves_no_complete_dataset(tmp_path):
         raise RuntimeError("network dropped")
 
     with pytest.raises(RuntimeError, match="network dropped"):
-        prepare_documents(out, crashing(), name="t", source={}, tokenizer="bytes")
+        prepare_documents(out, crashing(), CorpusRequest(name="t", source={}, tokenizer="bytes"))
     assert not (out / "meta.json").exists() and not dataset_is_complete(out)
     assert not list(out.glob("*.tmp"))
     with pytest.raises(DataError, match="not a prepared dataset"):
@@ -338,7 +341,9 @@ def test_crash_mid_write_leaves_no_complete_dataset(tmp_path):
 
 def test_dataset_with_truncated_file_is_incomplete(tmp_path):
     out = tmp_path / "ds"
-    prepare_documents(out, ["a b c " * 30] * 30, name="t", source={}, tokenizer="bytes")
+    prepare_documents(
+        out, ["a b c " * 30] * 30, CorpusRequest(name="t", source={}, tokenizer="bytes")
+    )
     assert dataset_is_complete(out)
     with open(out / "train.bin", "r+b") as f:
         f.truncate(10)
@@ -363,11 +368,13 @@ def test_prepare_documents_from_an_iterable_with_budget(tmp_path):
     out = prepare_documents(
         tmp_path / "ds",
         texts,
-        name="synthetic",
-        source={"kind": "generator"},
-        tokenizer="bytes",
-        token_budget=5_000,
-        val_fraction=0.1,
+        CorpusRequest(
+            name="synthetic",
+            source={"kind": "generator"},
+            tokenizer="bytes",
+            tokens=5_000,
+            val_fraction=0.1,
+        ),
     )
     meta = read_meta(out)
     docs = [f"doc {i}: " + "lorem ipsum " * (i % 7 + 1) for i in range(10_000)]

@@ -10,6 +10,7 @@ import torch
 import spectra.optim as so
 from spectra_lab.bench.optim import (
     METHODS,
+    BenchSettings,
     PaperWrapper,
     live_bytes,
     llama_shapes,
@@ -262,7 +263,7 @@ def test_step_memory_on_the_threaded_path_measured_as_resident_set():
     methods = ("torch-adamw", "torch-adamw-loop", "spectra-adamw-eigh", "spectra-adamw-mixed",
                "spectra-adamw-chunked")  # fmt: skip
     peak = {
-        m: rss_peak(m, shapes, dtype=torch.float32, clip_c=1.0, warmup=1, threads=2)
+        m: rss_peak(m, BenchSettings(shapes, dtype=torch.float32, clip_c=1.0, warmup=1), threads=2)
         for m in methods
     }
     assert all(r["peak_bytes"] is not None for r in peak.values())
@@ -300,7 +301,7 @@ def test_wrapper_keeps_no_copy_of_the_parameters():
 
 
 def test_benchmark_runs_on_a_reduced_model_and_reports_ratios():
-    report = run_benchmark(llama_shapes(1, 32, 64, 100), repeats=1, warmup=1)
+    report = run_benchmark(BenchSettings(llama_shapes(1, 32, 64, 100), repeats=1, warmup=1))
     rows = {r["method"]: r for r in report["rows"]}
     assert set(rows) == set(METHODS)
     assert rows["paper-wrap-bf16"]["vs_bf16"] == 1.0 and rows["paper-wrap-fp32"]["vs_fp32"] == 1.0

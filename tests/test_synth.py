@@ -19,6 +19,7 @@ from spectra.optim import SpectralOp
 from spectra_lab.cli import main
 from spectra_lab.synth.files import torch_threads
 from spectra_lab.synth.frank_wolfe import (
+    RunSchedule,
     composite_objective,
     composite_step,
     frank_wolfe_gap,
@@ -30,7 +31,13 @@ from spectra_lab.synth.frank_wolfe import (
     theorem_parameters,
 )
 from spectra_lab.synth.problem import LogisticProblem, make_logistic_data
-from spectra_lab.synth.spikes import SpikeRuns, run_spike_method, spike_noise, stiefel_polar
+from spectra_lab.synth.spikes import (
+    SpikeConfig,
+    SpikeRuns,
+    run_spike_method,
+    spike_noise,
+    stiefel_polar,
+)
 
 F64 = torch.float64
 
@@ -132,8 +139,12 @@ def test_b_zero_is_the_limit_of_post_clipping():
 def test_both_forms_give_the_same_trajectory(small_data, batch_size):
     kw = dict(batch_size=batch_size, runs=2 if batch_size else 1, seed=7)
     for b in (0.0, 0.5):
-        a = run_post_clipping(small_data.train, small_data.test, 1.0, b, 60, form="clip", **kw)
-        f = run_post_clipping(small_data.train, small_data.test, 1.0, b, 60, form="fw", **kw)
+        a = run_post_clipping(
+            small_data.train, small_data.test, 1.0, b, RunSchedule(60, **kw), form="clip"
+        )
+        f = run_post_clipping(
+            small_data.train, small_data.test, 1.0, b, RunSchedule(60, **kw), form="fw"
+        )
         torch.testing.assert_close(a.final, f.final, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(a.objective, f.objective, rtol=1e-10, atol=1e-12)
 
@@ -148,7 +159,9 @@ def full_batch_runs(small_data):
         for radius in (0.2, 1.0, 5.0):
             for b in (0.0, 0.1, 1.0):
                 sol = solve_constrained(small_data.train, radius, b, tol=1e-11)
-                hist = run_post_clipping(small_data.train, small_data.test, radius, b, 400)
+                hist = run_post_clipping(
+                    small_data.train, small_data.test, radius, b, RunSchedule(400)
+                )
                 out[radius, b] = (sol, hist)
     return out
 
@@ -156,7 +169,9 @@ def full_batch_runs(small_data):
 def test_iterates_stay_in_the_spectral_ball(small_data, full_batch_runs):
     for (radius, _), (_, hist) in full_batch_runs.items():
         assert float(hist.spectral_norm.max()) <= radius * (1 + 1e-12)
-    stoch = run_post_clipping(small_data.train, None, 0.5, 0.0, 100, batch_size=6, runs=3, seed=1)
+    stoch = run_post_clipping(
+        small_data.train, None, 0.5, 0.0, RunSchedule(100, batch_size=6, runs=3, seed=1)
+    )
     assert float(stoch.spectral_norm.max()) <= 0.5 * (1 + 1e-12)
 
 
@@ -180,7 +195,7 @@ def test_residual_decays_below_the_theorem_bound(small_data, full_batch_runs):
 def test_stochastic_residual_decreases(small_data):
     sol = solve_constrained(small_data.train, 1.0, 0.1, tol=1e-11)
     hist = run_post_clipping(
-        small_data.train, small_data.test, 1.0, 0.1, 400, batch_size=8, runs=4, seed=2
+        small_data.train, small_data.test, 1.0, 0.1, RunSchedule(400, batch_size=8, runs=4, seed=2)
     )
     resid = hist.objective.mean(0) - sol.value
     assert float(resid[-1]) < 0.1 * float(resid[1])
@@ -309,9 +324,10 @@ def spike_problem():
 def test_spectral_clipping_converges_where_sgd_diverges(spike_problem):
     etas = [0.1, 1.0]
     with torch_threads(1):
-        sgd = run_spike_method(spike_problem, "sgd", etas, 1000.0, 150, seed=1)
-        gclip = run_spike_method(spike_problem, "sgd_global_clip", etas, 1000.0, 150, seed=1)
-        spclip = run_spike_method(spike_problem, "sgd_spectral_clip", etas, 1000.0, 150, seed=1)
+        cfg = SpikeConfig(eta_grid=etas, iters=150)
+        sgd = run_spike_method(spike_problem, "sgd", 1000.0, cfg, seed=1)
+        gclip = run_spike_method(spike_problem, "sgd_global_clip", 1000.0, cfg, seed=1)
+        spclip = run_spike_method(spike_problem, "sgd_spectral_clip", 1000.0, cfg, seed=1)
     assert bool(torch.isinf(sgd.final_losses()).all())
     assert bool(torch.isinf(gclip.final_losses()).all())
     assert bool((spclip.final_losses() < 0.5 * math.log(2)).all())
@@ -319,16 +335,18 @@ def test_spectral_clipping_converges_where_sgd_diverges(spike_problem):
 
 def test_spectral_clipping_is_inactive_below_the_threshold(spike_problem):
     # ℓ + ‖∇f‖₂ < c: nothing is clipped, so both runs see identical steps
-    a = run_spike_method(spike_problem, "sgd", [0.1], 5.0, 30, seed=2)
-    b = run_spike_method(spike_problem, "sgd_spectral_clip", [0.1], 5.0, 30, seed=2)
+    cfg = SpikeConfig(eta_grid=(0.1,), iters=30)
+    a = run_spike_method(spike_problem, "sgd", 5.0, cfg, seed=2)
+    b = run_spike_method(spike_problem, "sgd_spectral_clip", 5.0, cfg, seed=2)
     torch.testing.assert_close(a.losses, b.losses)
 
 
 def test_pre_clipping_helps_momentum_under_large_spikes(spike_problem):
     etas = [1e-3, 1e-2, 0.1, 1.0]
     with torch_threads(1):
-        plain = run_spike_method(spike_problem, "sgdm", etas, 1000.0, 150, seed=3)
-        pre = run_spike_method(spike_problem, "sgdm_pre_clip", etas, 1000.0, 150, seed=3)
+        cfg = SpikeConfig(eta_grid=etas, iters=150)
+        plain = run_spike_method(spike_problem, "sgdm", 1000.0, cfg, seed=3)
+        pre = run_spike_method(spike_problem, "sgdm_pre_clip", 1000.0, cfg, seed=3)
     best_plain = float(plain.final_losses().min())
     best_pre = float(pre.final_losses().min())
     assert best_pre < 0.2 * best_plain
@@ -336,9 +354,9 @@ def test_pre_clipping_helps_momentum_under_large_spikes(spike_problem):
 
 def test_bad_arguments_are_rejected(spike_problem):
     with pytest.raises(ValueError, match="method"):
-        run_spike_method(spike_problem, "adam", [0.1], 1.0, 5)
+        run_spike_method(spike_problem, "adam", 1.0, SpikeConfig(eta_grid=(0.1,), iters=5))
     with pytest.raises(ValueError, match="eta0"):
-        run_spike_method(spike_problem, "sgd", [0.0], 1.0, 5)
+        run_spike_method(spike_problem, "sgd", 1.0, SpikeConfig(eta_grid=(0.0,), iters=5))
     with pytest.raises(ValueError, match="radius"):
         theorem_parameters(-1.0, 0.1, 0)
     with pytest.raises(ValueError, match="b must"):

@@ -16,7 +16,8 @@ SOAP                 m, v, GG and Q per dimension d ≤ D          2M + Σ_{d �
 MARS (AdamW)         m, v, g_prev (matrices)                     2M + M_2d (≈ 3M)
 ===================  ==========================================  ==========================
 
-SPECTRA adds no state: ``spectra-X`` has the formula of ``X``.
+SPECTRA adds no state: ``spectra-X`` has the formula of ``X``. Each formula is part of the
+optimizer's row of the registry (``Recipe.state`` in :mod:`spectra_lab.train.optimizers`).
 """
 
 from __future__ import annotations
@@ -36,40 +37,14 @@ DEFAULT_OPTIMIZERS = (
 
 
 def formula(name: str, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
-    """The paper's state size for ``optimizer`` (elements) and the formula in words."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    total = sum(p.numel() for p in params)
-    base = name.removeprefix("spectra-")
-    if base in ("adamw", "torch-adamw", "adamw-post-orth"):
-        return 2 * total, "2M"
-    if base == "ademamix":
-        return 3 * total, "3M"
-    if base in ("signum", "sgdm"):
-        return total, "M"
-    if base == "mars":
-        two_d = sum(p.numel() for p in params if p.dim() >= 2)
-        return 2 * total + two_d, "2M + M_2d"
-    if base == "dmuon":
-        from spectra.optim.baselines.dmuon import default_use_muon
+    """The paper's state size for ``optimizer`` (elements) and the formula in words, from the
+    registry's row of ``name`` (``Recipe.state``)."""
+    from spectra_lab.train.optimizers import OPTIMIZERS
 
-        muon = sum(
-            p.numel()
-            for g in optimizer.param_groups
-            for p in g["params"]
-            if (default_use_muon(p) if g.get("use_muon") is None else g["use_muon"])
-        )
-        return muon + 2 * (total - muon), "M_muon + 2 M_adamw"
-    if base == "soap":
-        extra = sum(
-            2 * d * d
-            for g in optimizer.param_groups
-            for p in g["params"]
-            if p.dim() >= 2
-            for d in p.shape
-            if d <= g["max_precond_dim"]
-        )
-        return 2 * total + extra, "2M + sum over dims d <= D of 2 d^2"
-    raise ValueError(f"no memory formula for {name!r}")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"no memory formula for {name!r}")
+    state = OPTIMIZERS[name].state
+    return state.elements(optimizer), state.words
 
 
 def measure(name: str, preset: str, seed: int = 0) -> dict[str, Any]:

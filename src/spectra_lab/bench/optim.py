@@ -53,7 +53,8 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -111,6 +112,27 @@ def llama_shapes(
         shapes += [(dim,), (dim,)]  # the two RMSNorm weights
     shapes += [(dim,), (vocab, dim)]  # final norm, untied output head
     return shapes
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What every method of one benchmark runs on: the parameter ``shapes``, the ``device``
+    and ``dtype``, the timed steps (``repeats``, their median reported) after ``warmup``
+    untimed ones, the threshold ``clip_c``, the ``seed`` of the parameters and gradients, and
+    whether the step's memory is measured (``measure_memory``)."""
+
+    shapes: Sequence[tuple[int, ...]]
+    device: str | torch.device = "cpu"
+    dtype: torch.dtype = torch.float32
+    repeats: int = 3
+    warmup: int = 1
+    clip_c: float = 10.0
+    seed: int = 0
+    measure_memory: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shapes", tuple(tuple(s) for s in self.shapes))
+        object.__setattr__(self, "device", torch.device(self.device))
 
 
 # --------------------------------------------------------------------------- baseline
@@ -202,10 +224,11 @@ def _memory_child() -> None:
     """Body of :func:`rss_peak`'s fresh process: reads its spec from stdin, prints JSON."""
     spec = json.loads(sys.stdin.read())
     torch.set_num_threads(spec["threads"])
-    params, opt = _setup(spec["method"], [tuple(s) for s in spec["shapes"]],
-                         torch.device("cpu"), getattr(torch, spec["dtype"]), spec["clip_c"],
-                         spec["seed"])  # fmt: skip
-    for _ in range(max(1, spec["warmup"])):
+    settings = BenchSettings(spec["shapes"], dtype=getattr(torch, spec["dtype"]),
+                             warmup=spec["warmup"], clip_c=spec["clip_c"],
+                             seed=spec["seed"])  # fmt: skip
+    params, opt = _setup(spec["method"], settings)
+    for _ in range(max(1, settings.warmup)):
         opt.step()
     out: dict[str, Any] = {"resident": live_bytes(optimizer_tensors(params, opt))}
     if _reset_peak():
@@ -217,17 +240,9 @@ def _memory_child() -> None:
     print(json.dumps(out))
 
 
-def rss_peak(
-    method: str,
-    shapes: list[tuple[int, ...]],
-    *,
-    dtype: torch.dtype,
-    clip_c: float,
-    warmup: int,
-    seed: int = 0,
-    threads: int | None = None,
-) -> dict[str, Any]:
-    """The CPU step's memory on the path that runs, in a fresh process (module docstring).
+def rss_peak(method: str, settings: BenchSettings, threads: int | None = None) -> dict[str, Any]:
+    """The CPU step's memory on the path that runs, in a fresh process (module docstring),
+    on ``settings``' shapes, dtype, threshold, seed and warm-up steps (its device is not read).
 
     Returns ``resident_bytes`` (the storages of the parameters, gradients and state, counted
     exactly), ``transient_bytes`` (the growth of the resident set during the step, every
@@ -238,8 +253,9 @@ def rss_peak(
     import os
     import subprocess
 
-    spec = {"method": method, "shapes": shapes, "dtype": str(dtype).removeprefix("torch."),
-            "clip_c": clip_c, "warmup": warmup, "seed": seed,
+    spec = {"method": method, "shapes": settings.shapes,
+            "dtype": str(settings.dtype).removeprefix("torch."), "clip_c": settings.clip_c,
+            "warmup": settings.warmup, "seed": settings.seed,
             "threads": threads or torch.get_num_threads()}  # fmt: skip
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_",
                                                                   "131072")}  # fmt: skip
@@ -293,43 +309,29 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS + EXTRA_METHODS}")
 
 
-def _setup(
-    method: str,
-    shapes: list[tuple[int, ...]],
-    device: torch.device,
-    dtype: torch.dtype,
-    clip_c: float,
-    seed: int,
-) -> tuple[list[Tensor], Any]:
-    """Fresh parameters of ``shapes`` with fixed random gradients, and ``method``'s optimizer."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+def _setup(method: str, settings: BenchSettings) -> tuple[list[Tensor], Any]:
+    """Fresh parameters of the settings' shapes with fixed random gradients, and ``method``'s
+    optimizer."""
+    g = torch.Generator(device="cpu").manual_seed(settings.seed)
+    device, dtype = settings.device, settings.dtype
     params = [
         (0.02 * torch.randn(s, generator=g)).to(device=device, dtype=dtype).requires_grad_()
-        for s in shapes
+        for s in settings.shapes
     ]
     for p in params:
         p.grad = (0.01 * torch.randn(p.shape, generator=g)).to(device=device, dtype=dtype)
-    return params, make_optimizer(method, params, 1e-3, clip_c)
+    return params, make_optimizer(method, params, 1e-3, settings.clip_c)
 
 
-def bench_method(
-    method: str,
-    shapes: list[tuple[int, ...]],
-    *,
-    device: torch.device,
-    dtype: torch.dtype,
-    repeats: int,
-    warmup: int,
-    clip_c: float,
-    seed: int = 0,
-    measure_memory: bool = True,
-) -> dict[str, Any]:
-    """Time and memory of ``method``'s optimizer step on fresh parameters of ``shapes``."""
-    params, opt = _setup(method, shapes, device, dtype, clip_c, seed)
-    for _ in range(warmup):
+def bench_method(method: str, settings: BenchSettings) -> dict[str, Any]:
+    """Time and memory of ``method``'s optimizer step on fresh parameters of the settings'
+    shapes."""
+    params, opt = _setup(method, settings)
+    device, measure_memory = settings.device, settings.measure_memory
+    for _ in range(settings.warmup):
         opt.step()
     times = []
-    for _ in range(repeats):
+    for _ in range(settings.repeats):
         _sync(device)
         t0 = time.perf_counter()
         opt.step()
@@ -343,30 +345,21 @@ def bench_method(
                       peak_bytes=resident + transient)  # fmt: skip
     del opt, params
     if measure_memory and device.type == "cpu":
-        result.update(rss_peak(method, shapes, dtype=dtype, clip_c=clip_c, warmup=warmup,
-                               seed=seed))  # fmt: skip
+        result.update(rss_peak(method, settings))
     return result
 
 
 def run_benchmark(
-    shapes: list[tuple[int, ...]],
+    settings: BenchSettings,
     methods: tuple[str, ...] = METHODS,
     *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    repeats: int = 3,
-    warmup: int = 1,
-    clip_c: float = 10.0,
-    measure_memory: bool = True,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every method on ``shapes``; ratios are relative to ``torch-adamw`` when present."""
-    device = torch.device(device)
+    """Run every method on ``settings``; ratios are relative to ``torch-adamw`` when present."""
+    device, shapes, measure_memory = settings.device, settings.shapes, settings.measure_memory
     rows = []
-    options = {"device": device, "dtype": dtype, "repeats": repeats, "warmup": warmup,
-               "clip_c": clip_c, "measure_memory": measure_memory}  # fmt: skip
     for m in methods:
-        row = bench_method(m, shapes, **options)
+        row = bench_method(m, settings)
         if progress is not None:
             progress(row)
         rows.append(row)
@@ -384,10 +377,10 @@ def run_benchmark(
                 )
     return {
         "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": str(settings.dtype).removeprefix("torch."),
         "num_params": sum(int(torch.Size(s).numel()) for s in shapes),
         "num_tensors": len(shapes),
-        "repeats": repeats,
+        "repeats": settings.repeats,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "memory": CUDA_MEMORY if device.type == "cuda" else CPU_MEMORY,
@@ -504,15 +497,18 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.device} against {fp32:.0f} in float32 (no bf16 units); "
                 "--methods paper-wrap-bf16 runs it anyway"
             )
-    report = run_benchmark(
+    settings = BenchSettings(
         shapes,
-        methods,
         device=args.device,
         dtype=getattr(torch, args.dtype),
         repeats=args.repeats,
         warmup=args.warmup,
         clip_c=args.clip_c,
         measure_memory=not args.no_memory,
+    )
+    report = run_benchmark(
+        settings,
+        methods,
         progress=lambda row: print(f"  done: {row}", file=sys.stderr, flush=True),
     )
     report["notes"] = notes

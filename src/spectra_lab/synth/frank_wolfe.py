@@ -133,32 +133,42 @@ def _minibatch_grad(problem: LogisticProblem, X: Tensor, idx: Tensor) -> Tensor:
     return torch.einsum("rb,rbd->rd", coef, A).reshape(X.shape)
 
 
+@dataclass(frozen=True)
+class RunSchedule:
+    """How one call of :func:`run_post_clipping` samples: the number of steps (``iters``), the
+    minibatch size (``batch_size``; ``None``: full batch), the number of independent runs
+    (``runs``) and the ``seed`` of their minibatch draws."""
+
+    iters: int
+    batch_size: int | None = None
+    runs: int = 1
+    seed: int = 0
+
+
 def run_post_clipping(
     train: LogisticProblem,
     test: LogisticProblem | None,
     radius: float,
     b: float,
-    iters: int,
+    schedule: RunSchedule,
     *,
-    batch_size: int | None = None,
-    runs: int = 1,
-    seed: int = 0,
     form: StepForm = "clip",
     X0: Tensor | None = None,
 ) -> RunHistory:
     """Run SGD-M with post-spectral clipping under the Theorem's parameters.
 
-    Full batch (``batch_size=None``) uses β_k = 1; otherwise each of ``runs`` independent runs
-    draws minibatches of ``batch_size`` samples without replacement and uses
-    β_k = (k+1)^{-2/3} with M₀ = g(X₀). ``X0`` defaults to 0.
+    Full batch (``schedule.batch_size=None``) uses β_k = 1; otherwise each of
+    ``schedule.runs`` independent runs draws minibatches of ``batch_size`` samples without
+    replacement and uses β_k = (k+1)^{-2/3} with M₀ = g(X₀). ``X0`` defaults to 0.
     """
+    iters, batch_size, runs = schedule.iters, schedule.batch_size, schedule.runs
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
     if batch_size is not None and not (1 <= batch_size <= train.n):
         raise ValueError(f"batch_size must be in [1, {train.n}], got {batch_size}")
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(schedule.seed)
     X = torch.zeros(runs, *train.shape, dtype=DTYPE) if X0 is None else X0.expand(runs, -1, -1)
     X = X.clone()
 

@@ -20,7 +20,7 @@ sequence (common random numbers), so methods and step sizes are compared on equa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -31,6 +31,41 @@ from spectra_lab.synth.problem import DTYPE, LogisticProblem
 SGD_METHODS = ("sgd", "sgd_global_clip", "sgd_spectral_clip")
 MOMENTUM_METHODS = ("sgdm", "sgdm_pre_clip")
 METHODS = SGD_METHODS + MOMENTUM_METHODS
+
+
+def default_eta_grid() -> tuple[float, ...]:
+    """η₀ ∈ {10⁻⁵, 10^{-4.5}, …, 10¹}: half-decades."""
+    return tuple(10 ** (e / 2) for e in range(-10, 3))
+
+
+@dataclass(frozen=True)
+class SpikeConfig:
+    """Experiment 2: the data (``d × d`` matrices, ``n`` samples, label noise ``noise_std``),
+    the spike sizes ℓ (``scales``) and ``rank``, the threshold ``clip_c``, the momentum
+    ``beta``, the η₀ grid, the methods, the steps per run (``iters``) and the data's seed."""
+
+    d: int = 50
+    n: int = 100
+    noise_std: float = 5.0
+    scales: tuple[float, ...] = (10.0, 100.0, 1000.0)  # ℓ
+    rank: int = 1
+    clip_c: float = 15.0
+    beta: float = 0.1
+    eta_grid: tuple[float, ...] = field(default_factory=default_eta_grid)
+    methods: tuple[str, ...] = METHODS
+    iters: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; expected a subset of {METHODS}")
+        if not self.eta_grid or any(not (e > 0) for e in self.eta_grid):
+            raise ValueError(f"eta_grid must be non-empty and every eta0 > 0, got {self.eta_grid}")
+        if not 1 <= self.rank <= self.d:
+            raise ValueError(f"rank must be in [1, d={self.d}], got {self.rank}")
+        if self.iters < 1:
+            raise ValueError(f"iters must be >= 1, got {self.iters}")
 
 
 def stiefel_polar(d: int, r: int, generator: torch.Generator) -> Tensor:
@@ -79,29 +114,20 @@ class SpikeRuns:
 
 
 def run_spike_method(
-    problem: LogisticProblem,
-    method: str,
-    eta0: Tensor | list[float],
-    scale: float,
-    iters: int,
-    *,
-    clip_c: float = 15.0,
-    rank: int = 1,
-    beta: float = 0.1,
-    seed: int = 0,
+    problem: LogisticProblem, method: str, scale: float, cfg: SpikeConfig, *, seed: int = 0
 ) -> SpikeRuns:
-    """Run ``method`` from X₀ = 0 once per η₀ (batched), with spikes of size ``scale`` = ℓ."""
+    """Run ``method`` from X₀ = 0 once per η₀ of ``cfg.eta_grid`` (batched), ``cfg.iters``
+    steps, with spikes of size ``scale`` = ℓ and rank ``cfg.rank``, threshold ``cfg.clip_c``
+    and momentum ``cfg.beta``; ``seed`` seeds the noise (``cfg``'s data fields and seed are
+    not read: the data are ``problem``)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
-    if iters < 1:
-        raise ValueError(f"iters must be >= 1, got {iters}")
     if not (math.isfinite(scale) and scale >= 0):
         raise ValueError(f"scale must be finite and >= 0, got {scale!r}")
+    iters, clip_c, rank, beta = cfg.iters, cfg.clip_c, cfg.rank, cfg.beta
     if not 0 < beta <= 1:
         raise ValueError(f"beta must be in (0, 1], got {beta!r}")
-    eta0 = torch.as_tensor(eta0, dtype=DTYPE).reshape(-1)
-    if not bool((eta0 > 0).all()):
-        raise ValueError(f"every eta0 must be > 0, got {eta0.tolist()}")
+    eta0 = torch.as_tensor(cfg.eta_grid, dtype=DTYPE).reshape(-1)
     gen = torch.Generator().manual_seed(seed)
     X = torch.zeros(eta0.numel(), *problem.shape, dtype=DTYPE)
     losses = torch.empty(eta0.numel(), iters + 1, dtype=DTYPE)

@@ -1,9 +1,11 @@
 """Every optimizer the trainer can build, in one registry: ``name -> Recipe``.
 
 A recipe is the optimizer's class, its default keywords (the settings of the paper's
-runs; ``TrainConfig.optimizer_kwargs`` overrides them) and how the parameter groups are
-shaped for it. All optimizer construction lives here, so the rest of the trainer never
-depends on an optimizer's keyword arguments.
+runs; ``TrainConfig.optimizer_kwargs`` overrides them), how the parameter groups are
+shaped for it, and the size of its state by the paper's memory table (``spectra bench
+memory`` and ``spectra bench plan`` read it). All optimizer construction lives here, so the
+rest of the trainer never depends on an optimizer's keyword arguments, and an optimizer is
+added by adding its row.
 
 Parameter groups follow the paper's code: decoupled weight decay on the hidden (MLP)
 and attention matrices only; none on norms, the token embedding and the output head.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -28,6 +30,7 @@ from torch import nn
 
 import spectra
 from spectra.optim.base import ENGINE_OPTIONS, SpectraOptimizer
+from spectra.optim.baselines.dmuon import default_use_muon
 from spectra.validate import check_choice
 from spectra_lab.train.config import ConfigError, TrainConfig, did_you_mean
 
@@ -175,16 +178,70 @@ def spectral_groups(
 
 
 # ---------------------------------------------------------------------------------------
+# state sizes: the paper's Table memory-optimizer, in elements of a built optimizer
+
+
+@dataclass(frozen=True)
+class StateSize:
+    """An optimizer's state by the paper's memory table: the formula in ``words`` (M: the
+    parameters' elements) and ``elements``, its value for a built optimizer (the elements of
+    the state's tensors after a step, one-element step counters left out)."""
+
+    words: str
+    elements: Callable[[torch.optim.Optimizer], int]
+
+
+def _numel(optimizer: torch.optim.Optimizer, keep: Callable[..., bool] | None = None) -> int:
+    """Elements of the optimizer's parameters (those ``keep(group, param)`` accepts)."""
+    return sum(
+        p.numel() for g in optimizer.param_groups for p in g["params"] if keep is None or keep(g, p)
+    )
+
+
+def _is_matrix(group: dict[str, Any], p: torch.Tensor) -> bool:
+    return p.dim() >= 2
+
+
+def _uses_muon(group: dict[str, Any], p: torch.Tensor) -> bool:
+    return default_use_muon(p) if group.get("use_muon") is None else group["use_muon"]
+
+
+def _soap_elements(optimizer: torch.optim.Optimizer) -> int:
+    """m and v, and GG and Q (d × d each) for every dimension d ≤ D of the matrices."""
+    preconditioners = sum(
+        2 * d * d
+        for g in optimizer.param_groups
+        for p in g["params"]
+        if p.dim() >= 2
+        for d in p.shape
+        if d <= g["max_precond_dim"]
+    )
+    return 2 * _numel(optimizer) + preconditioners
+
+
+STATE_M = StateSize("M", _numel)
+STATE_2M = StateSize("2M", lambda opt: 2 * _numel(opt))
+STATE_3M = StateSize("3M", lambda opt: 3 * _numel(opt))
+#: m and v, and the previous gradient of the matrices
+STATE_MARS = StateSize("2M + M_2d", lambda opt: 2 * _numel(opt) + _numel(opt, _is_matrix))
+#: m of the Muon matrices, m and v of the AdamW parameters
+STATE_DMUON = StateSize("M_muon + 2 M_adamw", lambda opt: 2 * _numel(opt) - _numel(opt, _uses_muon))
+STATE_SOAP = StateSize("2M + sum over dims d <= D of 2 d^2", _soap_elements)
+
+
+# ---------------------------------------------------------------------------------------
 # the registry
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """How the harness builds one optimizer: class, default keywords, group shaper."""
+    """How the harness builds one optimizer: class, default keywords, group shaper, and the
+    size of its state (``state``; SPECTRA adds none, so ``spectra-X`` has the one of ``X``)."""
 
     optimizer: Callable[..., torch.optim.Optimizer]
     defaults: dict[str, Any]
     groups: Callable[[Groups, TrainConfig, LRLambda], Groups] = plain_groups
+    state: StateSize = field(kw_only=True)
 
     def keywords(self) -> set[str]:
         """The keywords ``optimizer_kwargs`` may set."""
@@ -207,21 +264,23 @@ SGDM = {"momentum": 0.95}  # M <- 0.95 M + 0.05 g
 _base = partial(spectral_groups, clip=False)
 
 OPTIMIZERS: dict[str, Recipe] = {
-    "adamw": Recipe(spectra.AdamW, ADAM, _base),
-    "spectra-adamw": Recipe(spectra.AdamW, ADAM, spectral_groups),
-    "adamw-post-orth": Recipe(spectra.AdamW, ADAM, partial(spectral_groups, post="orthogonalize")),
-    "signum": Recipe(spectra.Signum, MOMENTUM, _base),
-    "spectra-signum": Recipe(spectra.Signum, MOMENTUM, spectral_groups),
-    "ademamix": Recipe(spectra.AdEMAMix, ADEMAMIX, _base),
-    "spectra-ademamix": Recipe(spectra.AdEMAMix, ADEMAMIX, spectral_groups),
-    "mars": Recipe(spectra.MARS, MARS, _base),
-    "spectra-mars": Recipe(spectra.MARS, MARS, spectral_groups),
-    "sgdm": Recipe(spectra.SGDM, SGDM, _base),
-    "spectra-sgdm": Recipe(spectra.SGDM, SGDM, spectral_groups),
-    "dmuon": Recipe(spectra.DMuon, MOMENTUM, muon_groups),
-    "soap": Recipe(spectra.SOAP, ADAM, plain_groups),
+    "adamw": Recipe(spectra.AdamW, ADAM, _base, state=STATE_2M),
+    "spectra-adamw": Recipe(spectra.AdamW, ADAM, spectral_groups, state=STATE_2M),
+    "adamw-post-orth": Recipe(
+        spectra.AdamW, ADAM, partial(spectral_groups, post="orthogonalize"), state=STATE_2M
+    ),
+    "signum": Recipe(spectra.Signum, MOMENTUM, _base, state=STATE_M),
+    "spectra-signum": Recipe(spectra.Signum, MOMENTUM, spectral_groups, state=STATE_M),
+    "ademamix": Recipe(spectra.AdEMAMix, ADEMAMIX, _base, state=STATE_3M),
+    "spectra-ademamix": Recipe(spectra.AdEMAMix, ADEMAMIX, spectral_groups, state=STATE_3M),
+    "mars": Recipe(spectra.MARS, MARS, _base, state=STATE_MARS),
+    "spectra-mars": Recipe(spectra.MARS, MARS, spectral_groups, state=STATE_MARS),
+    "sgdm": Recipe(spectra.SGDM, SGDM, _base, state=STATE_M),
+    "spectra-sgdm": Recipe(spectra.SGDM, SGDM, spectral_groups, state=STATE_M),
+    "dmuon": Recipe(spectra.DMuon, MOMENTUM, muon_groups, state=STATE_DMUON),
+    "soap": Recipe(spectra.SOAP, ADAM, plain_groups, state=STATE_SOAP),
     # PyTorch's own AdamW: a reference with no code of this project in the step
-    "torch-adamw": Recipe(torch.optim.AdamW, ADAM, plain_groups),
+    "torch-adamw": Recipe(torch.optim.AdamW, ADAM, plain_groups, state=STATE_2M),
 }
 
 
