@@ -4,10 +4,13 @@ Optimizers whose ``_directions_keep_nonfinite`` is true leave the gradients' own
 out of an unchunked single-process step: their direction link turns every non-finite gradient
 entry into a non-finite direction entry, which the directions' check finds. These tests check
 that property of each such link, for inf, -inf and nan and for the extreme settings of its
-hyperparameters, and that the step still raises the gradient's error and moves nothing.
+hyperparameters, and that the step still raises the gradient's error and moves nothing. The
+last tests read the exact messages of a step that meets inf or nan.
 """
 
 from __future__ import annotations
+
+import pickle
 
 import pytest
 import torch
@@ -107,3 +110,98 @@ def test_chunked_steps_keep_the_gradients_own_check():
         opt.step()
     for a, b in zip(ps, before, strict=True):
         assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- the messages
+
+#: Every optimizer that raises the error: the native ones and the wrapper.
+RAISING = {
+    "AdamW": lambda ps, **kw: so.AdamW(ps, lr=1e-2, **kw),
+    "AdEMAMix": lambda ps, **kw: so.AdEMAMix(ps, lr=1e-2, **kw),
+    "MARS": lambda ps, **kw: so.MARS(ps, lr=1e-2, **kw),
+    "SGDM": lambda ps, **kw: so.SGDM(ps, lr=1e-2, **kw),
+    "Signum": lambda ps, **kw: so.Signum(ps, lr=1e-2, **kw),
+    "Spectra": lambda ps, **kw: so.Spectra(torch.optim.AdamW(ps, lr=1e-2), **kw),
+}
+SKIP = "; pass nonfinite='skip' to skip such steps instead of raising"
+
+
+def inf_at_step_3(opt, ps):
+    for k in range(2):
+        feed(ps, k)
+        opt.step()
+    feed(ps, 2)
+    ps[2].grad[1, 1] = float("inf")
+
+
+@pytest.mark.parametrize("name", list(RAISING))
+def test_a_nonfinite_gradient_is_one_sentence_naming_the_step(name):
+    ps = make_params()
+    opt = RAISING[name](ps)
+    inf_at_step_3(opt, ps)
+    fact = (
+        f"{name}.step() at step 3: a gradient contains inf or nan; no parameter was changed, "
+        "but the optimizer state was updated with it"
+    )
+    with pytest.raises(so.NonFiniteError) as caught:
+        opt.step()
+    assert str(caught.value) == fact + SKIP
+    assert caught.value.fact == fact and caught.value.step == 3
+    assert isinstance(caught.value, FloatingPointError)
+
+
+@pytest.mark.parametrize("name", list(RAISING))
+def test_a_gradient_checked_before_the_state_says_nothing_changed(name):
+    # Pre-clipping checks the gradients before the state changes; nonfinite="skip" warns.
+    for kw in ({"pre_clip_c": 2.0}, {"nonfinite": "skip"}):
+        ps = make_params()
+        opt = RAISING[name](ps, **kw)
+        inf_at_step_3(opt, ps)
+        fact = f"{name}.step() at step 3: a gradient contains inf or nan"
+        changed = "no parameter or optimizer state was changed"
+        if "nonfinite" in kw:
+            with pytest.warns(RuntimeWarning) as seen:
+                opt.step()
+            assert [str(w.message) for w in seen] == [f"{fact}; step skipped: {changed}"]
+        else:
+            with pytest.raises(so.NonFiniteError) as caught:
+                opt.step()
+            assert str(caught.value) == f"{fact}; {changed}{SKIP}"
+
+
+def float16_overflow(n_good: int) -> list[torch.Tensor]:
+    """float16 parameters whose Adam direction overflows in the last one (ε underflows)."""
+    ps = [torch.full((8, 6), 0.5, dtype=torch.float16, requires_grad=True) for _ in range(3)]
+    for p in ps[:n_good]:
+        p.grad = torch.full_like(p, 0.5)
+    for p in ps[n_good:]:
+        p.grad = torch.full_like(p, 1e-4)
+    return ps
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "changed"),
+    [
+        ("AdamW", {}, "no parameter was changed, but"),
+        ("AdamW", {"chunk_elements": 48}, "the parameters of the earlier chunks were changed and"),
+        # the wrapper always runs in chunks (about an eighth of the parameters each)
+        ("Spectra", {}, "the parameters of the earlier chunks were changed and"),
+    ],
+)
+def test_a_nonfinite_direction_names_it_and_what_moved(name, kw, changed):
+    ps = float16_overflow(2)
+    before = [p.detach().clone() for p in ps]
+    opt = RAISING[name](ps, clip_c=1.0, **kw)
+    with pytest.raises(so.NonFiniteError) as caught:
+        opt.step()
+    assert str(caught.value) == (
+        f"{name}.step() at step 1: an update direction (from finite gradients) contains inf or "
+        f"nan; {changed} the optimizer state was updated{SKIP}"
+    )
+    moved = [not torch.equal(a, b) for a, b in zip(ps, before, strict=True)]
+    assert moved == ([False] * 3 if changed.startswith("no") else [True, True, False])
+
+
+def test_the_error_survives_pickling():
+    err = pickle.loads(pickle.dumps(so.NonFiniteError("AdamW.step() at step 4: x", 4)))
+    assert (err.fact, err.step, str(err)) == ("AdamW.step() at step 4: x", 4, f"{err.fact}{SKIP}")

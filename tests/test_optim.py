@@ -551,7 +551,7 @@ def test_float16_adam_direction_that_overflows_raises_before_any_parameter_chang
     opt = so.AdamW(ps, lr=1e-2, clip_c=1.0)
     for p in ps:
         p.grad = torch.full_like(p, 1e-4)
-    with pytest.raises(FloatingPointError, match="base direction contains inf or nan"):
+    with pytest.raises(FloatingPointError, match=r"update direction \(from finite gradients\)"):
         opt.step()
     for a, b in zip(ps, before, strict=True):
         assert torch.equal(a, b)
@@ -596,7 +596,7 @@ def test_chunk_elements_stops_before_the_nonfinite_chunk_and_says_so():
     for p in ps[:2]:
         p.grad = torch.full_like(p, 0.5)
     ps[2].grad = torch.full_like(ps[2], 1e-4)
-    with pytest.raises(FloatingPointError, match=r"its chunk were not changed \(earlier chunks"):
+    with pytest.raises(FloatingPointError, match="parameters of the earlier chunks were changed"):
         opt.step()
     assert not torch.equal(ps[0], before[0]) and not torch.equal(ps[1], before[1])
     assert torch.equal(ps[2], before[2])

@@ -7,7 +7,7 @@ for the flow of one step.
 
 from spectra.optim.adamw import AdamW
 from spectra.optim.ademamix import AdEMAMix
-from spectra.optim.base import SpectraOptimizer
+from spectra.optim.base import NonFiniteError, SpectraOptimizer
 from spectra.optim.baselines import SOAP, DMuon, dmuon_param_groups
 from spectra.optim.chain import spectra_step
 from spectra.optim.mars import MARS
@@ -32,6 +32,7 @@ __all__ = [
     "AdamW",
     "ClipSchedule",
     "DMuon",
+    "NonFiniteError",
     "ParamPlan",
     "Signum",
     "Spectra",

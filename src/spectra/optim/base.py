@@ -69,6 +69,24 @@ TORCH_BOOKKEEPING = ("differentiable",)
 Work = list[tuple[dict[str, Any], list[Tensor]]]
 
 
+class NonFiniteError(FloatingPointError):
+    """What ``step()`` raises under ``nonfinite="raise"`` for inf or nan in a gradient or in an
+    update direction.
+
+    Its message is one line: the optimizer, the 1-based ``step``, what held inf or nan, what the
+    step changed, and the ``nonfinite='skip'`` option. ``fact`` is that line without the option,
+    for a caller that words its own advice.
+    """
+
+    def __init__(self, fact: str, step: int) -> None:
+        super().__init__(f"{fact}; pass nonfinite='skip' to skip such steps instead of raising")
+        self.fact = fact
+        self.step = step
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.fact, self.step)
+
+
 def step_counter(value: float = 0.0) -> Tensor:
     """A step count as torch's optimizers keep it: a float32 0-d tensor on the CPU."""
     return torch.tensor(float(value), dtype=torch.float32)
@@ -209,35 +227,48 @@ class SpectraOptimizer(Optimizer):
         covered = fold and self._directions_keep_nonfinite and self._chunk_elements(params) is None
         grads_finite = finite_flag(grads) if fold and not covered else None
         if grads_finite is None and not covered and not all_finite(grads, sharded):
-            self._nonfinite("a gradient", "no parameter or state was changed")
+            self._nonfinite(params, "a gradient", "no parameter or optimizer state was changed")
             return loss
         if group is not None and not self._replication_checked:
             check_replicated(params, group)
             self._replication_checked = True
         plans = self._plans(work)
+        chunks_seen = []  # the first index of each chunk the direction link was asked for
+
+        def directions(idx: list[int], g: list[Tensor]) -> list[Tensor]:
+            chunks_seen.append(idx[0])
+            return self._directions(work, idx, g)
+
         stepped = spectra_step(
             [local(p) for p in params],
             grads,
             plans,
-            lambda idx, g: self._directions(work, idx, g),
+            directions,
             chunk_elements=self._chunk_elements(params),
             batch_elements=self.defaults["batch_elements"],
             group=group,
             finite=grads_finite,
         )
-        if not stepped and (
-            (grads_finite is not None and not bool(grads_finite))
-            or (covered and not all_finite(grads))
-        ):
-            self._nonfinite("a gradient", "no parameter was changed; the optimizer state was")
         if not stepped:
-            moved = (
-                "no parameter was changed"
-                if self.defaults["chunk_elements"] is None
-                else "the parameters of its chunk were not changed (earlier chunks were)"
+            gradient = (grads_finite is not None and not bool(grads_finite)) or (
+                covered and not all_finite(grads)
             )
-            self._nonfinite("a base direction", f"{moved}; the optimizer state was")
+            self._stopped(params, gradient, applied=len(chunks_seen) > 1)
         return loss
+
+    def _stopped(self, params: list[Tensor], gradient: bool, applied: bool) -> None:
+        """Word a step that the chain stopped: ``gradient``, whether a gradient (rather than a
+        direction) held inf or nan; ``applied``, whether earlier chunks were applied."""
+        state = "the optimizer state was updated"
+        if gradient:  # read with the chain's check, after the state took the step
+            what, state = "a gradient", f"{state} with it"
+        else:
+            what = "an update direction (from finite gradients)"
+        if applied:
+            moved = f"the parameters of the earlier chunks were changed and {state}"
+        else:
+            moved = f"no parameter was changed, but {state}"
+        self._nonfinite(params, what, moved, counted=True)
 
     #: Whether the direction link accepts sparse gradients (the wrapper's base may).
     _sparse_directions = False
@@ -326,18 +357,20 @@ class SpectraOptimizer(Optimizer):
             start = end
         return out
 
-    def _nonfinite(self, what: str, consequence: str) -> None:
+    def _nonfinite(
+        self, params: list[Tensor], what: str, consequence: str, counted: bool = False
+    ) -> None:
+        """Raise :class:`NonFiniteError` or, under ``nonfinite="skip"``, warn and count.
+
+        ``counted``: whether the step counters already took this step (``_plans``).
+        """
+        steps = [int(s["step"]) for s in map(self.state.get, params) if s and "step" in s]
+        step = max(steps, default=0) + (0 if counted else 1)
+        fact = f"{type(self).__name__}.step() at step {step}: {what} contains inf or nan"
         if self.defaults["nonfinite"] == "raise":
-            raise FloatingPointError(
-                f"{type(self).__name__}.step(): {what} contains inf or nan; {consequence} "
-                "(pass nonfinite='skip' to skip such steps)"
-            )
+            raise NonFiniteError(f"{fact}; {consequence}", step)
         self.num_skipped_steps += 1
-        warnings.warn(
-            f"{type(self).__name__}.step(): {what} contains inf or nan, step skipped",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        warnings.warn(f"{fact}; step skipped: {consequence}", RuntimeWarning, stacklevel=3)
 
     # -- observation --------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from torch import nn
 
 from spectra import SpectralMonitor
 from spectra.ops import soft_clip_method
+from spectra.optim.base import NonFiniteError
 from spectra_lab.errors import UserError
 from spectra_lab.model.flops import flops_per_token
 from spectra_lab.runs.checkpoint import (
@@ -262,7 +263,7 @@ def train_loop(run: Run, log: RunLog, stop: StopSignals, on_step: OnStep | None)
             record, spectral, timer = one_step(run)
         except FloatingPointError as exc:  # the optimizer's nonfinite="raise"
             report(pending, log, on_step, cfg)  # the steps before it, and a nan loss first
-            raise Diverged(diverged(cfg, f"{str(exc).splitlines()[0]} at step {done}")) from None
+            raise Diverged(diverged(cfg, exc, done)) from None
         pending.append(Pending({"step": done, "tokens": tokens, **record}, spectral))
 
         reporting = on_step is not None or done % cfg.log_interval == 0 or done == cfg.steps
@@ -381,7 +382,7 @@ def report(pending: list[Pending], log: RunLog, on_step: OnStep | None, cfg: Tra
     for p, (loss, grad_norm) in zip(pending, scalars, strict=True):
         if not math.isfinite(loss):
             log.advance(0)
-            raise Diverged(diverged(cfg, f"the loss is {loss} at step {p.record['step']}"))
+            raise Diverged(diverged(cfg, f"the loss is {loss}", p.record["step"]))
         p.record.update(loss=loss, grad_norm=grad_norm)
         log.train(p.record)
         log.monitor(p.record["step"], p.spectral)
@@ -418,11 +419,23 @@ def save_checkpoint(run: Run, step: int, tokens: int) -> Path:
     return path
 
 
-def diverged(cfg: TrainConfig, what: str) -> str:
-    """The one line of a diverged run: what happened, and what to try."""
-    hint = f"try a lower lr (now {cfg.lr:g}; --lr)"
+def diverged(cfg: TrainConfig, what: str | FloatingPointError, step: int) -> str:
+    """The one line of a diverged run: what happened at ``step``, and what to try.
+
+    ``what`` is a non-finite loss, or the optimizer's error: a spectra optimizer's
+    :class:`~spectra.optim.base.NonFiniteError` names its step and what the step changed, and
+    the line words its ``nonfinite='skip'`` option as this command's flag. Skipping steps
+    cannot save a run whose loss itself is inf or nan, so only the optimizer's error offers it.
+    """
+    tries = [f"a lower lr (now {cfg.lr:g}; --lr)"]
     if cfg.grad_clip is None:
-        hint += ", gradient clipping (--set grad_clip=0.5)"
-    if cfg.optimizer != "torch-adamw":
-        hint += ", or skipping such steps (--set optimizer_kwargs={nonfinite: skip})"
-    return f"the run diverged: {what}; {hint}"
+        tries.append("gradient clipping (--set grad_clip=0.5)")
+    if isinstance(what, NonFiniteError):
+        what = what.fact
+        tries.append("skipping such steps (--set optimizer_kwargs={nonfinite: skip})")
+    elif isinstance(what, FloatingPointError):
+        what = f"{str(what).splitlines()[0]} at step {step}"
+    else:
+        what = f"{what} at step {step}"
+    hint = tries[0] if len(tries) == 1 else f"{', '.join(tries[:-1])} or {tries[-1]}"
+    return f"the run diverged: {what}; try {hint}"
