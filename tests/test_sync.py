@@ -11,6 +11,7 @@ CPU tensors on every device, as in torch's optimizers, and are not counted).
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -141,3 +142,21 @@ def test_compiled_model_and_step_match_eager_on_the_cpu(method):
     compiled = train_three_steps(True, method)
     for a, b in zip(eager, compiled, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+
+
+def test_compiling_a_step_warns_of_no_cache_wrapper(monkeypatch):
+    # torch.compile traces through a functools.cache wrapper and warns of "potential silent
+    # incorrectness" once per process; the bf16 probe that picks the method is a constant.
+    from torch._dynamo import utils
+
+    if hasattr(utils, "warn_once_cache"):  # warned earlier in this process: warn again
+        monkeypatch.setattr(utils, "warn_once_cache", set())
+    torch._dynamo.reset()
+    ps = [torch.randn(6, 4, requires_grad=True)]
+    opt = so.AdamW(ps, lr=1e-2, clip_c=0.5)  # the "auto" method asks the probe
+    ps[0].grad = torch.randn(6, 4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.compile(opt.step, backend="eager")()
+    assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]
+    assert opt.state[ps[0]]["step"] == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -71,19 +70,25 @@ def fp32_products_are_ieee(device: torch.device) -> bool:
     return mode in ("ieee", "none")
 
 
+def _cpu_has_bf16_units() -> bool:
+    """The CPU probe of :func:`has_bf16_units`: AMX tiles or AVX-512 BF16."""
+    cpu = getattr(torch, "cpu", None)
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)
+
+
+#: The CPU probe's answer, read once at import (every optimizer step asks, and the CPU cannot
+#: change under a process). A plain constant rather than a ``functools.cache``: torch.compile
+#: traces through a cache wrapper and warns of "potential silent incorrectness" for it, while
+#: it reads a module constant as the constant it is.
+CPU_HAS_BF16_UNITS = _cpu_has_bf16_units()
+
+
 def has_bf16_units(device: torch.device) -> bool:
     """Whether ``device`` multiplies bf16 matrices in hardware: CUDA, or a CPU with AMX tiles
     or AVX-512 BF16. Elsewhere a bf16 product is a slow software path (about 60x slower than
     float32 on a 2-core AVX2 CPU)."""
-    return device.type != "cpu" or _cpu_has_bf16_units()
-
-
-@functools.cache
-def _cpu_has_bf16_units() -> bool:
-    """The CPU probe of :func:`has_bf16_units`, once per process (every optimizer step asks)."""
-    cpu = getattr(torch, "cpu", None)
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)
+    return device.type != "cpu" or CPU_HAS_BF16_UNITS
 
 
 def bf16_matmul(A: Tensor, B: Tensor) -> Tensor:
