@@ -12,6 +12,7 @@ The DDP counterpart is ``test_ddp_two_processes_match_one_process_with_the_globa
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -83,6 +84,9 @@ def _worker(rank: int, runs: list[dict], tmp: str, world: int = WORLD) -> None:
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
+    # DTensor's warnings about redistributions, kept for the tests to read
+    logged = logging.FileHandler(Path(tmp) / f"redistribute_{rank}.log")
+    logging.getLogger("torch.distributed.tensor._redistribute").addHandler(logged)
     for i, run in enumerate(runs):
         run = dict(run)
         stop_at = run.pop("stop_at", None)
@@ -315,3 +319,6 @@ def test_tensor_parallel_runs_match_one_process(train_dataset, tmp_path, paralle
     assert state["config"]["parallel"] == parallel and state["dp_size"] == dp
     # resumed from the checkpoint of step 2, the same steps
     np.testing.assert_allclose(train_losses(tmp_path / "cut"), train_losses(out), rtol=0, atol=1e-6)
+    # no warning from DTensor (2-D: gathers one mesh dimension at a time, a flattened mesh)
+    for rank in range(world):
+        assert (tmp_path / f"redistribute_{rank}.log").read_text() == ""

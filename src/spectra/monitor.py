@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from spectra.optim.base import SpectraOptimizer
-from spectra.optim.distributed import is_sharded
+from spectra.optim.distributed import whole
 from spectra.optim.settings import group_clips
 from spectra.validate import check_choice, check_int
 
@@ -403,4 +403,4 @@ class SpectralMonitor:
 
 def _whole(t: Tensor) -> Tensor:
     """``t`` as one plain tensor: a ``DTensor`` gathered (a collective), any other as is."""
-    return t.full_tensor() if is_sharded(t) else t
+    return whole(t)

@@ -83,8 +83,8 @@ def whole_parameter(p: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
     from torch.distributed.tensor import distribute_tensor
 
     check_layout(p)
-    full = p.full_tensor()
-    yield full, p.grad.full_tensor()
+    full = whole(p)
+    yield full, whole(p.grad)
     local(p).copy_(
         distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
     )
@@ -424,9 +424,45 @@ def _factors_by_owner(
 
 def assemble(u: Tensor, p: Tensor) -> Tensor:
     """The whole tensor of which ``u`` is ``p``'s local part (an all-gather over its mesh)."""
+    return whole(shaped_like(p, u))
+
+
+def whole(t: Tensor) -> Tensor:
+    """``t.full_tensor()`` for a ``DTensor`` (every rank gets the whole tensor), ``t`` itself
+    for any other tensor.
+
+    Where both dimensions of a 2-D mesh split the tensor, it is gathered one mesh dimension at
+    a time (:func:`gather_order`): the same all-gathers DTensor would run in one
+    ``redistribute``, without the warning it logs for them (see docs/distributed.md).
+    """
+    if not is_sharded(t):
+        return t
+    order = gather_order(t.placements)
+    if len(order) < 2:
+        return t.full_tensor()
     from torch.distributed.tensor import Replicate
 
-    return _redistribute(u, p, p.placements, [Replicate()] * p.device_mesh.ndim)
+    placements = list(t.placements)
+    for d in order:
+        placements[d] = Replicate()
+        t = t.redistribute(t.device_mesh, placements)
+    return t.to_local()
+
+
+def gather_order(placements: Sequence) -> list[int]:
+    """The mesh dimensions that split a tensor, in the order to gather them one at a time: the
+    innermost split first. Shards on one tensor dimension nest left to right (the last mesh
+    dimension splits the first one's shard), except ``_StridedShard``: FSDP2 over tensor
+    parallelism splits the TP shard further and marks its own, outer, mesh dimension so."""
+    dims = [d for d, pl in enumerate(placements) if _axis(pl) is not None]
+    strided = [d for d in dims if _is_strided(placements[d])]
+    return strided + [d for d in reversed(dims) if d not in strided]
+
+
+def _is_strided(placement) -> bool:
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return isinstance(placement, _StridedShard)
 
 
 def apply_whole(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]]) -> None:
@@ -434,7 +470,9 @@ def apply_whole(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route
     ``op`` applied by its owner rank (balanced by ``m·n·min(m, n)``), and the result scattered
     back as shards (``distribute_tensor(..., src_data_rank=owner)``). On a 2-D mesh the owners
     are the ranks at the coordinates ``(k, k)``, ``distribute_tensor`` scatters from the ranks
-    of the owner's row, and the owner first broadcasts its result along that row."""
+    of the owner's row, and the owner first broadcasts its result along that row. A layout that
+    ``distribute_tensor`` cannot scatter (:func:`scatters`) gets the result broadcast along the
+    columns too, and each rank keeps its part."""
     from torch.distributed.tensor import distribute_tensor
 
     mesh = items[0][2].device_mesh
@@ -444,13 +482,28 @@ def apply_whole(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route
         full = assemble(u, p)
         if all(c == k for c in coord):
             full = op(full.reshape(1, *shape)).reshape(p.shape)
+        full = full.contiguous()
         if mesh.ndim == 2 and coord[0] == k:
             row = mesh.get_group(1)
-            full = full.contiguous()
             dist.broadcast(full, src=dist.get_global_rank(row, k), group=row)
-        # src_data_rank is a rank within each mesh dimension: (k) on a 1-D mesh, (k, k) on 2-D
-        out = distribute_tensor(full, mesh, p.placements, src_data_rank=k)
+        if scatters(p):
+            # src_data_rank is a rank within each mesh dimension: (k) on 1-D, (k, k) on 2-D
+            out = distribute_tensor(full, mesh, p.placements, src_data_rank=k)
+        else:  # every rank takes the result whole and keeps its part (no communication)
+            column = mesh.get_group(0)
+            dist.broadcast(full, src=dist.get_global_rank(column, k), group=column)
+            out = distribute_tensor(full, mesh, p.placements, src_data_rank=None)
         u.copy_(out.to_local())
+
+
+def scatters(p: Tensor) -> bool:
+    """Whether ``distribute_tensor`` can scatter a tensor of ``p``'s shape and placements from
+    one rank: not where a ``_StridedShard`` (FSDP2 over tensor parallelism) splits a dimension
+    unevenly, whose padded chunks differ in size, which it refuses (an ``AssertionError``)."""
+    for d, pl in enumerate(p.placements):
+        if _is_strided(pl) and p.shape[pl.dim] % (pl.split_factor * p.device_mesh.size(d)):
+            return False
+    return True
 
 
 def frobenius_norms(tensors: Sequence[Tensor], params: Sequence[Tensor]) -> list[Tensor]:

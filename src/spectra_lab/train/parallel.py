@@ -70,6 +70,10 @@ def _tensor_parallel(model: nn.Module, cfg: TrainConfig, rt: Runtime) -> nn.Modu
                 f"not divide {what} ({size})"
             )
     mesh = init_device_mesh(rt.device.type, (rt.dp_size, tp), mesh_dim_names=("dp", "tp"))
+    if cfg.parallel == "2d":
+        # The gradient norm of a matrix split on both dimensions is reduced over the whole
+        # mesh: with a flattened mesh DTensor does that in one all-reduce, not two in turn.
+        mesh._flatten()
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for block in model.layers:
         parallelize_module(block, mesh["tp"], {k: styles[v]() for k, v in TP_PLAN.items()})
