@@ -8,14 +8,28 @@ all call these.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import math
-from collections.abc import Collection
+import sys
+import warnings
+from collections.abc import Collection, Iterator
 from numbers import Integral, Real
 from typing import Any
 
 import torch
 
-__all__ = ["check_choice", "check_int", "check_number", "check_pair", "check_real_params"]
+__all__ = [
+    "check_choice",
+    "check_int",
+    "check_number",
+    "check_pair",
+    "check_param_group",
+    "check_params_argument",
+    "check_real_params",
+    "duplicates_refused",
+    "warn_misspelt_keys",
+]
 
 
 def _scalar(value: Any) -> Any:
@@ -110,15 +124,99 @@ def check_pair(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) ->
 
 
 def check_real_params(params: Any, owner: str) -> None:
-    """Refuse complex parameters (``params``: a param group's list of tensors).
+    """Refuse what a param group (``params``: its list of tensors) cannot train: a complex, an
+    integer or a bool parameter, or one parameter listed twice (its step would be taken twice;
+    torch only warns).
 
     Spectral clipping is defined for complex matrices through their singular values, but the
     operators here work on real Gram matrices and the base directions on real moments.
     """
+    seen: dict[int, int] = {}
     for i, p in enumerate(params):
-        if isinstance(p, torch.Tensor) and p.is_complex():
+        if not isinstance(p, torch.Tensor):
+            continue
+        where = f"parameter {i} of its group is {p.dtype} with shape {tuple(p.shape)}"
+        if p.is_complex():
             raise ValueError(
-                f"{owner} takes real parameters; parameter {i} of its group is {p.dtype} with "
-                f"shape {tuple(p.shape)} (view a complex parameter as real with "
+                f"{owner} takes real parameters; {where} (view a complex parameter as real with "
                 "torch.view_as_real to train it)"
             )
+        if not p.is_floating_point():
+            raise ValueError(
+                f"{owner} takes floating-point parameters; {where}, which cannot have a gradient"
+            )
+        if id(p) in seen:
+            raise ValueError(
+                f"{owner}: parameter {i} of its group (shape {tuple(p.shape)}) is parameter "
+                f"{seen[id(p)]} again; list each parameter once"
+            )
+        seen[id(p)] = i
+
+
+def check_params_argument(params: Any, owner: str) -> None:
+    """Refuse a ``params`` argument that torch.optim would misread, with ``TypeError`` as torch
+    refuses a tensor there: a module, or a dict (whose iteration gives its keys)."""
+    expected = "params must be an iterable of tensors or of param-group dicts"
+    if isinstance(params, torch.nn.Module):
+        raise TypeError(
+            f"{owner}: {expected}, got the module {type(params).__name__}; pass its .parameters()"
+        )
+    if isinstance(params, dict):
+        keys = ", ".join(repr(k) for k in list(params)[:3]) + (", ..." if len(params) > 3 else "")
+        raise TypeError(
+            f"{owner}: {expected}, got a dict with keys {keys}; pass [that dict] for one param "
+            "group, or .values() of a dict of tensors"
+        )
+
+
+def check_param_group(group: Any, index: int, owner: str) -> None:
+    """A param group: a dict with ``"params"``."""
+    if not isinstance(group, dict) or "params" not in group:
+        got = f"keys {sorted(map(str, group))}" if isinstance(group, dict) else repr(group)
+        raise ValueError(
+            f"{owner}: param group {index} must be a dict with 'params' (the group's tensors) "
+            f"and optional settings, got {got}"
+        )
+
+
+def warn_misspelt_keys(group: dict[str, Any], known: Collection[str], owner: str) -> None:
+    """Warn of a param-group key that no setting has but that is close to one (``clip_cc``,
+    ``Clip_C``): torch.optim keeps a group's other keys as they are (for schedulers, names,
+    ...), so a misspelt setting would silently stay at its default."""
+    names = {k.lower(): k for k in known if isinstance(k, str)}
+    for key in group:
+        if key in known or key in ("params", "param_names") or not isinstance(key, str):
+            continue
+        close = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.85)
+        if close:
+            name = names[close[0]]
+            warnings.warn(
+                f"{owner}: param group key {key!r} is not a setting (did you mean {name!r}? "
+                f"it stays {group.get(name)!r}); a group's other keys are kept unread",
+                UserWarning,
+                stacklevel=_caller_level(),
+            )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside spectra and torch.optim: the user's call,
+    however deep the library called this from."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(
+        ("spectra.", "torch.optim")
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+@contextlib.contextmanager
+def duplicates_refused() -> Iterator[None]:
+    """Around torch's ``add_param_group``: its warning about a parameter listed twice is left
+    out, as :func:`check_real_params` refuses that parameter by its index."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message="optimizer contains a parameter group with duplicate parameters",
+            category=UserWarning,
+        )
+        yield

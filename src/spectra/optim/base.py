@@ -57,7 +57,15 @@ from spectra.optim.settings import (
     pre_clips,
     schedules_of,
 )
-from spectra.validate import check_choice, check_int, check_real_params
+from spectra.validate import (
+    check_choice,
+    check_int,
+    check_param_group,
+    check_params_argument,
+    check_real_params,
+    duplicates_refused,
+    warn_misspelt_keys,
+)
 
 NONFINITE_POLICIES = ("raise", "skip")
 #: Keyword options of every constructor that set how a step runs rather than its math.
@@ -157,6 +165,7 @@ class SpectraOptimizer(Optimizer):
         # Hyperparameters are checked before the parameters are looked at.
         check_spectra_settings(defaults)
         self._check_group(defaults)
+        check_params_argument(params, type(self).__name__)
         self.num_skipped_steps = 0
         self._replication_checked = False
         super().__init__(params, defaults)
@@ -388,11 +397,19 @@ class SpectraOptimizer(Optimizer):
     # -- torch.optim.Optimizer plumbing --------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
+        """torch's ``add_param_group``; a group that fails a check is not added."""
+        check_param_group(param_group, len(self.param_groups), type(self).__name__)
+        with duplicates_refused():
+            super().add_param_group(param_group)
         group = self.param_groups[-1]
-        check_real_params(group["params"], type(self).__name__)
-        check_spectra_settings(group)
-        self._check_group(group)
+        try:
+            check_real_params(group["params"], type(self).__name__)
+            check_spectra_settings(group)
+            self._check_group(group)
+        except ValueError:
+            self.param_groups.pop()
+            raise
+        warn_misspelt_keys(group, self.defaults, type(self).__name__)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -413,7 +430,46 @@ class SpectraOptimizer(Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's ``load_state_dict``, keeping the clip schedules the optimizer was built with."""
+        """torch's ``load_state_dict``, keeping the clip schedules the optimizer was built with.
+
+        A state this optimizer cannot step on is refused with a ``ValueError`` before anything
+        is loaded: one saved by another optimizer (a buffer this one keeps is missing; torch's
+        AdamW keeps AdamW's) or for other parameters (a buffer's shape differs).
+        """
+        self._check_loaded_state(state_dict)
         built = schedules_of(self.param_groups)
         super().load_state_dict(state_dict)
         keep_schedules(self.param_groups, built)
+
+    def _check_loaded_state(self, state_dict: Any) -> None:
+        name = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            got = f"keys {sorted(map(str, state_dict))}" if isinstance(state_dict, dict) else ""
+            raise ValueError(
+                f"{name} takes an optimizer's state_dict, a dict with 'state' and "
+                f"'param_groups', got {got or type(state_dict).__name__}"
+            )
+        saved = state_dict["state"]
+        # torch's load_state_dict refuses groups of other sizes; only matching ones are read
+        pairs = zip(state_dict["param_groups"], self.param_groups, strict=False)
+        for g, (saved_group, group) in enumerate(pairs):
+            for i, (key, p) in enumerate(zip(saved_group["params"], group["params"], strict=False)):
+                state = saved.get(key)
+                if not state:
+                    continue
+                where = f"the saved state of parameter {i} of group {g} (shape {tuple(p.shape)})"
+                probe: dict[str, Any] = {}  # the buffers this optimizer would create, on meta
+                self._init_state(group, torch.empty(p.shape, dtype=p.dtype, device="meta"), probe)
+                missing = sorted({"step", *probe} - set(state))
+                if missing:
+                    raise ValueError(
+                        f"{name}: {where} has no {', '.join(map(repr, missing))} (it holds "
+                        f"{', '.join(map(repr, sorted(state)))}): it was saved by another optimizer"
+                    )
+                for k, v in state.items():
+                    plain = torch.is_tensor(v) and not is_sharded(v) and not is_sharded(p)
+                    if plain and v.dim() > 0 and v.shape != p.shape:
+                        raise ValueError(
+                            f"{name}: {where} has {k!r} of shape {tuple(v.shape)}: it was saved "
+                            "for other parameters"
+                        )

@@ -21,6 +21,7 @@ graphs) are not supported: the wrapper would silently change their update.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -31,7 +32,13 @@ from torch.optim import Optimizer
 from spectra.optim.base import TORCH_BOOKKEEPING, SpectraOptimizer, Work
 from spectra.optim.distributed import is_sharded, local, shaped_like
 from spectra.optim.settings import check_spectra_settings, keep_schedules, schedules_of
-from spectra.validate import check_real_params
+from spectra.validate import (
+    check_number,
+    check_param_group,
+    check_real_params,
+    duplicates_refused,
+    warn_misspelt_keys,
+)
 
 #: The wrapper runs the chain over chunks of ``max(largest parameter, total / CHUNKS)`` elements.
 CHUNKS = 8
@@ -115,6 +122,14 @@ class Spectra(SpectraOptimizer):
             )
         if isinstance(base_optimizer, Spectra):
             raise ValueError("base_optimizer is already a Spectra optimizer")
+        closure = inspect.signature(base_optimizer.step).parameters.get("closure")
+        if closure is not None and closure.default is inspect.Parameter.empty:
+            name = type(base_optimizer).__name__
+            raise ValueError(
+                f"base_optimizer {name} needs a closure in step() (it re-evaluates the loss at "
+                f"other weights, as a line search does), which Spectra cannot give it: Spectra "
+                "takes a base whose step() runs on the gradients alone"
+            )
         self.base = base_optimizer
         self._initialised = False
         super().__init__(base_optimizer.param_groups, dict(base_optimizer.defaults), **options)
@@ -124,6 +139,25 @@ class Spectra(SpectraOptimizer):
         message = coupled_decay_warning(base_optimizer)
         if message is not None:
             warnings.warn(message, UserWarning, stacklevel=2)
+
+    def _work(self) -> Work:
+        self._relink()
+        return super()._work()
+
+    def _relink(self) -> None:
+        """Share the base's ``param_groups`` again where it replaced them (its own
+        ``load_state_dict`` does): each new group keeps the settings of the group it replaced
+        that it does not set itself (its SPECTRA settings, for one). Otherwise the chunks would
+        narrow the old groups while the base stepped every parameter in the new ones."""
+        if self.param_groups is self.base.param_groups:
+            return
+        old = self.param_groups
+        self.param_groups = self.base.param_groups
+        for i, group in enumerate(self.param_groups):
+            for key, value in (old[i] if i < len(old) else self.defaults).items():
+                if key not in TORCH_BOOKKEEPING:
+                    group.setdefault(key, value)
+            check_spectra_settings(group)
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:
         # The base's own step keeps full-size temporaries of whatever it is given (torch's
@@ -188,16 +222,26 @@ class Spectra(SpectraOptimizer):
     _sparse_directions = True
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if not self._initialised:
-            Optimizer.add_param_group(self, param_group)  # registers the base's existing group
-        else:
-            self.base.add_param_group(param_group)
+        """The base's ``add_param_group``; a group that fails a check is not added."""
+        check_param_group(param_group, len(self.param_groups), "Spectra")
+        with duplicates_refused():
+            if not self._initialised:
+                Optimizer.add_param_group(self, param_group)  # registers the base's own groups
+            else:
+                self.base.add_param_group(param_group)
         group = self.param_groups[-1]
         for key, value in self.defaults.items():
             if key not in TORCH_BOOKKEEPING:
                 group.setdefault(key, value)
-        check_real_params(group["params"], "Spectra")
-        check_spectra_settings(group)
+        try:
+            check_real_params(group["params"], "Spectra")
+            # the chain reads U off the base's step as its update over -lr
+            check_number("lr", group.get("lr"), low=0.0)
+            check_spectra_settings(group)
+        except ValueError:
+            self.param_groups.pop()
+            raise
+        warn_misspelt_keys(group, self.defaults, "Spectra")
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "base": self.base}
@@ -213,11 +257,19 @@ class Spectra(SpectraOptimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """Own state and param groups, plus the base's per-parameter state as ``base_state``."""
+        self._relink()
         sd = super().state_dict()
         sd["base_state"] = self.base.state_dict()["state"]
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and "base_state" not in state_dict:
+            raise ValueError(
+                "Spectra.load_state_dict: the state_dict has no 'base_state' (the wrapped "
+                "optimizer's state), so Spectra did not save it; load a state_dict of the base "
+                "optimizer with spectra_optimizer.base.load_state_dict(...) (Spectra's step "
+                "counts, which its clip schedules read, then start at 0)"
+            )
         state_dict = dict(state_dict)
         base_state = state_dict.pop("base_state")
         built = schedules_of(self.param_groups)

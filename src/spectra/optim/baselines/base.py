@@ -32,7 +32,12 @@ from spectra.optim.distributed import (
     sparse_error,
     whole_parameter,
 )
-from spectra.validate import check_real_params
+from spectra.validate import (
+    check_param_group,
+    check_params_argument,
+    check_real_params,
+    duplicates_refused,
+)
 
 
 class BaselineOptimizer(Optimizer):
@@ -41,6 +46,7 @@ class BaselineOptimizer(Optimizer):
     def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
         # Hyperparameters are checked before the parameters are looked at.
         self._check_group(defaults)
+        check_params_argument(params, type(self).__name__)
         super().__init__(params, defaults)
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -60,7 +66,9 @@ class BaselineOptimizer(Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's ``add_param_group``; a group that fails a check is not added."""
-        super().add_param_group(param_group)
+        check_param_group(param_group, len(self.param_groups), type(self).__name__)
+        with duplicates_refused():
+            super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
             self._check_group(group)
