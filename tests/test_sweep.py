@@ -167,6 +167,45 @@ def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_pat
     assert "\n" not in err and "eval_batches = 2" in err and "now says 3" in err
 
 
+def test_a_sweep_resumes_when_its_out_is_spelled_another_way(tmp_path, dataset, monkeypatch):
+    grid = write_grid(tmp_path / "g.yaml", base=base(dataset), grid={"lr": [3e-3]})
+    monkeypatch.chdir(tmp_path)
+    (run,) = read_grid(grid, tmp_path / "out")  # started with --out /abs/path/out
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_4(step, record):
+        if step == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(run.config, on_step=stop_at_4)
+    (again,) = read_grid("g.yaml", "out")  # and again from the same folder with --out out
+    assert again.config.out_dir == "out/runs/lr=0.003,seed=1337" != run.config.out_dir
+    check_unchanged(again)  # the same folder: no error
+    assert status(again) == "partial"
+    assert main(["sweep", "g.yaml", "--out", "out", "--no-plot"]) == 0
+    steps = [
+        r["step"]
+        for r in map(json.loads, (Path(run.config.out_dir) / "metrics.jsonl").open())
+        if r["kind"] == "train"
+    ]
+    assert steps == [1, 2, 3, 4, 5, 6]  # resumed from its checkpoint at step 3
+
+
+def test_a_sweep_out_that_is_a_file_is_one_line(tmp_path, dataset, capsys):
+    grid = write_grid(tmp_path / "g.yaml", base=base(dataset), grid={"lr": [3e-3]})
+    (tmp_path / "out").write_text("a file")
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"spectra sweep: error: --out {tmp_path / 'out'}: {tmp_path / 'out'} is a file, not a "
+        "directory; give another --out"
+    )
+    assert (tmp_path / "out").read_text() == "a file"
+
+
 def test_aggregate_reports_missing_seeds_without_inventing_numbers(tmp_path, dataset):
     grid = write_grid(tmp_path / "g.yaml", base=base(dataset), seeds=[0, 1, 2])
     runs = read_grid(grid, tmp_path / "out")

@@ -60,6 +60,7 @@ import torch
 from spectra.validate import check_int, check_number
 from spectra_lab.errors import CLIError
 from spectra_lab.train.build import model_config_of
+from spectra_lab.train.sizes import activation_bytes
 from spectra_lab.train.throughput import GPUS
 
 #: GPT-2's vocabulary through tiktoken (rounded up to the config's vocab_multiple, as the
@@ -82,22 +83,6 @@ def vocab_of(cfg: Any) -> int:
             f"config field 'tokenizer' = {cfg.tokenizer!r}: one of {', '.join(TOKENIZERS)}"
         )
     return {"gpt2": GPT2_VOCAB, "bytes": 256}.get(cfg.tokenizer, cfg.vocab_size)
-
-
-def activation_bytes(model_cfg: Any, micro_batch: int) -> dict[str, int]:
-    """Activation memory of one micro-batch under bf16 autocast (module docstring):
-    ``saved`` (what autograd keeps for the backward pass, bf16 weight copies included) and
-    ``loss_peak`` (what the loss adds at the start of the backward pass)."""
-    from spectra_lab.model import matmul_parameters
-
-    h, f, a = model_cfg.d_model, model_cfg.hidden_dim, model_cfg.n_heads
-    V, L = model_cfg.vocab_size, model_cfg.n_layers
-    tokens = micro_batch * model_cfg.seq_len
-    per_token = L * (34 * h + 8 * f + 4 * a + 8) + 10 * h + 4 * V + 20
-    return {
-        "saved": tokens * per_token + 2 * matmul_parameters(model_cfg),
-        "loss_peak": tokens * 10 * V,  # bf16 logits, float32 gradients of the log-softmax
-    }
 
 
 def plan(cfg: Any, world_size: int = 1, gpu: str = "h100", mfu: float = 0.4) -> dict[str, Any]:

@@ -235,9 +235,16 @@ def save_sharded_components(
 
 
 def load_components(
-    path: str | Path, components: dict[str, Stateful], world_size: int, sequences_per_step: int
+    path: str | Path,
+    components: dict[str, Stateful],
+    world_size: int,
+    sequences_per_step: int,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Load every component from the checkpoint at ``path``, in order; return the checkpoint.
+
+    ``check(checkpoint)``, given, sees the checkpoint before any component is loaded (a
+    resumed run compares its config with the saved one there).
 
     A file checkpoint holds every component; a directory checkpoint holds the sharded ones
     (loaded first, through DCP: every rank calls this; DCP reshards them for this run's
@@ -261,6 +268,8 @@ def load_components(
     state = read_checkpoint(path, map_location="cpu")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: unknown format {state.get('format')!r}")
+    if check is not None:
+        check(state)
     saved = state["config"]
     saved_dp = state.get("dp_size", state["world_size"])
     saved_sequences = saved["batch_size"] * saved["grad_accum"] * saved_dp

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 #: what a training run writes in its directory (``train/metrics.py``, ``train/loggers.py``),
@@ -41,3 +43,39 @@ def clear_run(run_dir: str | Path) -> list[str]:
             continue
         deleted.append(name)
     return deleted
+
+
+def holds_started_run(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a run that got going: its ``run.json`` or its ``ckpt/``."""
+    run_dir = Path(run_dir)
+    return (run_dir / "run.json").is_file() or (run_dir / "ckpt").is_dir()
+
+
+def foreign_run_names(run_dir: str | Path) -> list[str]:
+    """The names of a run's files and folders that ``run_dir`` holds without holding a run
+    (:func:`holds_started_run`): what a new run there would delete or overwrite although no
+    run wrote them (an ``eval/`` package, a ``train.csv`` of one's own). ``config.yaml`` is
+    left out: a run replaces one given beside it with its resolved config."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or holds_started_run(run_dir):
+        return []
+    names = [n for n in RUN_FILES if n != "config.yaml" and (run_dir / n).exists()]
+    return names + [f"{n}/" for n in RUN_FOLDERS if (run_dir / n).exists()]
+
+
+def unwritable(run_dir: str | Path) -> str | None:
+    """Why no run directory can be made or written at ``run_dir`` (a file there or above it,
+    a folder that refuses writes), or ``None`` when one can. Probes by making and removing
+    one empty folder in the nearest folder that exists; leaves nothing behind."""
+    path = nearest = Path(run_dir)
+    try:
+        if path.exists() and not path.is_dir():
+            return f"{path} is a file, not a directory"
+        while not nearest.exists() and nearest.parent != nearest:
+            nearest = nearest.parent
+        if not nearest.is_dir():
+            return f"{nearest} is a file, so no directory can be made under it"
+        os.rmdir(tempfile.mkdtemp(prefix=".spectra-probe-", dir=nearest))
+    except OSError as exc:
+        return f"{nearest} is not writable ({exc.strerror or exc})"
+    return None

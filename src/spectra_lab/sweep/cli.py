@@ -24,6 +24,7 @@ from typing import Any
 
 from spectra.validate import check_int
 from spectra_lab.errors import CLIError
+from spectra_lab.runs.layout import unwritable
 from spectra_lab.sweep.grid import Run, SweepError, check_unchanged, read_grid, status
 from spectra_lab.sweep.report import write_report
 
@@ -131,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     out = Path(args.out)
+    why = unwritable(out)
+    if why is not None:
+        raise CLIError(f"--out {args.out}: {why}; give another --out")
     try:
         runs = read_grid(args.grid, out)
         for r in runs:

@@ -35,6 +35,7 @@ from spectra_lab.train.config import (
     build_config,
     read_config_file,
 )
+from spectra_lab.train.resume import same_setting
 
 KEYS = ("base", "cases", "grid", "seeds")
 
@@ -131,7 +132,8 @@ NOT_COMPARED = {"resume", "overwrite", "progress", "plot"}
 
 
 def check_unchanged(run: Run) -> None:
-    """Refuse a run directory whose saved config differs from the grid's for that run.
+    """Refuse a run directory whose saved config differs from the grid's for that run
+    (folders compared as folders: ``out`` and ``/abs/out`` are one).
 
     A finished or half-done run trained with other settings (a changed ``base``, say) would
     otherwise be skipped or resumed as if it were this one.
@@ -154,7 +156,7 @@ def check_unchanged(run: Run) -> None:
         if key in NOT_COMPARED:
             continue
         before = saved[key] if key in saved else defaults.get(key)
-        if before != wanted.get(key):
+        if not same_setting(key, before, wanted.get(key)):
             raise SweepError(
                 f"{run.config.out_dir} was trained with {key} = {before!r}, the grid "
                 f"now says {wanted.get(key)!r}; use another --out or delete that run"

@@ -129,7 +129,7 @@ def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = Non
         out_dir = TrainConfig.__dataclass_fields__["out_dir"].default
         for _, layer in layers:
             out_dir = layer.get("out_dir", out_dir)
-        saved = Path(str(out_dir)) / "config.yaml"
+        saved = Path(str(out_dir)).expanduser() / "config.yaml"
         if saved.is_file():
             base = load_saved_config(saved)
     return build_config(*layers, base=base)

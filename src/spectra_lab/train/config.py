@@ -415,7 +415,8 @@ def _typed(name: str, value: Any, source: str) -> Any:
         if converted is not _MISMATCH:
             return converted
     expected = " or ".join(_EXPECTED[kind] for kind in kinds)
-    raise ConfigError(f"config field '{name}' in {source}: expected {expected}, got {given!r}")
+    got = "an empty value ('')" if isinstance(given, str) and not given.strip() else repr(given)
+    raise ConfigError(f"config field '{name}' in {source}: expected {expected}, got {got}")
 
 
 def did_you_mean(value: Any, choices: Any) -> str:
@@ -488,7 +489,8 @@ def build_config(
     """Merge ``(source, values)`` layers over ``base`` (default: the dataclass defaults).
 
     Later layers win. Every key must be a field and every value must have the field's
-    type; otherwise a one-line ``ConfigError`` names the field and its source.
+    type; otherwise a one-line ``ConfigError`` names the field and its source. A path that
+    starts with ``~`` (``out_dir``, ``data_dir``, ``dataset``) is in the home folder.
     """
     values = dict(base) if base is not None else {}
     for source, layer in layers:
@@ -496,6 +498,9 @@ def build_config(
             if name not in _FIELDS:
                 raise _unknown(name, source)
             values[name] = _typed(name, value, source)
+    for name in ("out_dir", "data_dir", "dataset"):  # no shell expands ~ in a file or --set
+        if isinstance(values.get(name), str) and values[name].startswith("~"):
+            values[name] = str(Path(values[name]).expanduser())
     return TrainConfig(**values)
 
 
@@ -561,6 +566,14 @@ def load_saved_config(path: Path) -> dict[str, Any]:
     Fields this version no longer has are skipped, and so are ``resume`` and ``overwrite``:
     how the saved run was started says nothing about how it is continued.
     """
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path} is damaged (not a YAML mapping of config fields); delete it to resume "
+            "with the fields of the command line, or start the run again (--overwrite)"
+        )
     skip = {"resume", "overwrite"}
     return {k: _typed(k, v, str(path)) for k, v in data.items() if k in _FIELDS and k not in skip}

@@ -1,9 +1,11 @@
 """The training loop: one file to read top to bottom.
 
-:func:`train` checks the config, then builds the pieces: the runtime (rank, device), the
-prepared dataset, and in :func:`build_run` the model and its data (``build.py``), the model's
-wrapping for several ranks (``parallel.py``), the optimizer, the LR schedule and the state to
-resume from (``resume.py``). Then :func:`train_loop`, whose body is a step (:func:`one_step`):
+:func:`train` checks the config and the run directory (``resume.py``), then builds the
+pieces: the runtime (rank, device), the prepared dataset (with the windows and the memory the
+run needs checked against it: ``sizes.py``), and in :func:`build_run` the model and its data
+(``build.py``), the model's wrapping for several ranks (``parallel.py``), the optimizer, the LR
+schedule and the state to resume from (``resume.py``). Then :func:`train_loop`, whose body is
+a step (:func:`one_step`):
 
 1. forward and backward over ``grad_accum`` micro-batches (averaged gradients);
 2. global gradient-norm clipping of the raw gradient;
@@ -71,11 +73,12 @@ from spectra_lab.train.loggers import check_loggers
 from spectra_lab.train.metrics import RunLog, perplexity
 from spectra_lab.train.optimizers import build_optimizer, check_optimizer, clip_threshold
 from spectra_lab.train.parallel import clip_grad_norm, full, gradient_sync, wrap_model
-from spectra_lab.train.resume import start_or_resume
+from spectra_lab.train.resume import check_start, start_or_resume
 from spectra_lab.train.rng import RNGState
 from spectra_lab.train.runtime import Runtime, build_runtime
 from spectra_lab.train.schedule import LRSchedule, build_lr_lambda
 from spectra_lab.train.signals import Interrupted, StopSignals
+from spectra_lab.train.sizes import check_sizes
 from spectra_lab.train.throughput import Timer, peak_flops, peak_memory_gb, rates
 
 OnStep = Callable[[int, dict[str, Any]], None]
@@ -170,11 +173,13 @@ def train(
     check_optimizer(cfg)
     check_loggers(cfg)
     model_config_of(cfg, vocab_size=1)  # the shape and μP fields (the vocabulary comes later)
+    check_start(cfg)  # the run directory: writable, free for a new run, or one to resume
     try:
         rt = build_runtime(cfg)
         # The run directory records the accumulation in force for this world size.
         cfg = dataclasses.replace(cfg, grad_accum=cfg.accumulation(rt.dp_size))
         dataset_dir = prepared_dataset(cfg, rt)  # the one call into data preparation
+        check_sizes(cfg, rt, dataset_dir, lr_lambda)  # windows and memory, on this device
         run = build_run(cfg, rt, dataset_dir, lr_lambda, watch)
         with (
             RunLog(Path(cfg.out_dir), cfg, rt, run.ctx.start, run.about) as log,
