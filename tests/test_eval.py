@@ -308,10 +308,23 @@ def test_spectra_eval_writes_scores_and_compare_puts_runs_side_by_side(run_dir, 
             assert lines[0] == "| task | metric | shots | A | B |"
 
 
-def test_spectra_eval_reports_a_missing_hub_task_in_one_line(run_dir, capsys, monkeypatch):
+def test_spectra_eval_reports_a_missing_hub_task_in_one_line(run_dir, capsys, monkeypatch, recwarn):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code = main(["eval", str(run_dir), "--tasks", "arc_easy", "shakespeare_lambada"])
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("arc_easy:")]
     assert code == 0 and len(lines) == 1 and "HF_DATASETS_OFFLINE=1" in lines[0]
+    # the tasks are built through lm-eval's current API, not its deprecated get_task_dict
+    assert not [w for w in recwarn if "deprecated" in str(w.message).lower()]
+
+
+def test_spectra_eval_refuses_an_unknown_task_and_an_hf_run_without_eot(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--tasks", "no_such_task"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown lm-eval task 'no_such_task'" in err
+    # lm-eval's hf model needs an end-of-text token; the bytes tokenizer has none
+    assert main(["eval", str(run_dir), "--tasks", "shakespeare_lambada", "--hf"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs an end-of-text token" in err and "without --hf" in err
+    assert not (run_dir / "eval" / "hf").exists()

@@ -97,7 +97,12 @@ def test_the_byte_tokenizer_exports_as_bytes(tmp_path, capsys):
 
 
 def test_config_names_the_llama_shape(tmp_path, capsys):
-    out = exported(make_run(tmp_path), tmp_path / "hf", capsys)
+    assert main(["export", str(make_run(tmp_path)), "--out", str(tmp_path / "hf")]) == 0
+    out = tmp_path / "hf"
+    # a corpus without speeches has no offline task to write beside the model
+    assert "no shakespeare_lambada task in the export" in capsys.readouterr().out
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"]  # not safetensors' own 0600
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (64, 2, 4)
@@ -132,13 +137,23 @@ def test_gpt2_without_its_cached_files_is_one_line(tmp_path, monkeypatch):
         write_tokenizer(GPT2(), tmp_path, 64)
 
 
-def test_lm_evals_own_cli_scores_the_export_as_spectra_eval_scores_the_run(tmp_path, capsys):
-    # `lm_eval --model hf --model_args pretrained=DIR` on the export, against `spectra eval`
+def documented_recipe() -> list[str]:
+    """The lines of docs/evaluation.md's recipe for lm-eval's own command line on an export
+    (continuation lines joined)."""
+    text = (Path(__file__).parents[1] / "docs" / "evaluation.md").read_text()
+    section = text.split("## lm-eval's own command line: a Hugging Face export", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return block.replace("\\\n", " ").splitlines()
+
+
+def test_lm_evals_own_cli_scores_a_fresh_export_as_the_docs_say(tmp_path, capsys, monkeypatch):
+    # docs/evaluation.md's recipe as written (`spectra export`, then `lm_eval --model hf` with
+    # the export's tasks folder) on a run never scored before, against `spectra eval`
+    import shlex
     import subprocess
     import sys
 
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (the eval extra)")
-    from spectra_lab.eval.tasks import build_offline_task
     from test_eval import PLAY, tiny_model
 
     data = begin_dataset(tmp_path / "data")
@@ -149,24 +164,33 @@ def test_lm_evals_own_cli_scores_the_export_as_spectra_eval_scores_the_run(tmp_p
     model = tiny_model(tok.vocab_size, seq_len=64)
     state = {"model_config": model.cfg.to_dict(), "model": model.state_dict(),
              "dataset_dir": str(data), "step": 1}  # fmt: skip
-    run = tmp_path / "run"
+    run = tmp_path / "runs" / "spectra"
     write_checkpoint(checkpoint_path(run, 1), state)
-    assert main(["eval", str(run), "--tasks", "shakespeare_lambada", "--batch-size", "2"]) == 0
-    ours = json.loads((run / "eval" / "results.json").read_text())["results"]
-    out = exported(run, tmp_path / "hf", capsys)
-    task_dir, _, _ = build_offline_task(data, tmp_path / "tasks")
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf",
-           "--model_args", f"pretrained={out},dtype=float32", "--tasks", "shakespeare_lambada",
-           "--include_path", str(task_dir), "--device", "cpu", "--batch_size", "2",
+    monkeypatch.chdir(tmp_path)  # the recipe's paths are relative
+    export, score, spectra_hf = documented_recipe()
+    argv = shlex.split(export)
+    assert argv[0] == "spectra" and main(argv[1:]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "shakespeare_lambada: 4 passages in runs/spectra-hf/tasks" in printed
+    assert not (run / "eval").exists()  # nothing of `spectra eval` is needed
+    cmd = shlex.split(score)
+    assert cmd[0] == "lm_eval"
+    cmd = [sys.executable, "-m", "lm_eval", *cmd[1:], "--batch_size", "2",
            "--output_path", str(tmp_path / "lm_eval")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
+                          cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = (tmp_path / "lm_eval").rglob("results_*.json")
     theirs = json.loads(result.read_text())["results"]["shakespeare_lambada"]
-    mine = ours["shakespeare_lambada"]
+    assert main(["eval", str(run), "--tasks", "shakespeare_lambada", "--batch-size", "2"]) == 0
+    mine = json.loads((run / "eval" / "results.json").read_text())["results"]
+    mine = mine["shakespeare_lambada"]
     assert theirs["acc,none"] == mine["acc,none"]
     assert theirs["perplexity,none"] == pytest.approx(mine["perplexity,none"], rel=1e-4)
     # spectra eval --hf: the same export and lm-eval's hf model, from spectra's command
+    assert shlex.split(spectra_hf, comments=True)[1:] == [
+        "eval", "runs/spectra", "--tasks", "shakespeare_lambada", "--hf"
+    ]  # fmt: skip
     argv = ["eval", str(run), "--tasks", "shakespeare_lambada", "--batch-size", "2", "--hf"]
     assert main(argv) == 0
     hf = json.loads((run / "eval" / "results.json").read_text())["results"]["shakespeare_lambada"]

@@ -116,3 +116,15 @@ def test_coord_check_help_shows_the_defaults_it_runs_with(capsys):
     for name in ("steps", "optimizer", "lr", "preset"):  # not the training defaults
         assert f"(default {getattr(train_defaults, name)})" not in text
     assert cfg.plot is False and cfg.checkpoint_interval == 0
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-progress"]], ids=["bar", "no-progress"])
+def test_coord_check_draws_one_bar_and_none_with_no_progress(tmp_path, capsys, flag):
+    data = write_dataset(tmp_path / "data", n_train=2000, n_val=600)
+    argv = ["mup", "coord-check", "--widths", "32", "64", "--out", str(tmp_path / "cc"),
+            "--dataset", str(data), "--steps", "1", "--batch-size", "2",
+            "--set", "seq_len=16", "--set", "mup_base_width=32", *flag]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert ("coord-check: 100%" in err) == (not flag)
+    assert "train:" not in err  # the runs draw none of their own

@@ -23,7 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare-data": ("spectra_lab.data.cli", "download/tokenize a corpus into .bin shards"),
     "sample": ("spectra_lab.runs.sample", "generate text from a checkpoint"),
     "compare": ("spectra_lab.runs.compare", "plot the validation curves of several runs"),
-    "export": ("spectra_lab.runs.export", "write a run in the Hugging Face Llama format"),
+    # the export of spectra_lab.runs.export with the offline task's files beside it
+    "export": ("spectra_lab.eval.export", "write a run in the Hugging Face Llama format"),
     "eval": ("spectra_lab.eval.cli", "downstream scores of a run through lm-eval"),
     "synth": ("spectra_lab.synth.cli", "the paper's synthetic experiments"),
     "sweep": ("spectra_lab.sweep.cli", "a grid of training runs x seeds, resumable, with a report"),
@@ -71,8 +72,37 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+#: the distribution that installs the ``spectra`` command
+DISTRIBUTION = "spectra-optim"
+
+
+def package_version() -> str:
+    """The installed distribution's version, or the package's own where it is not installed
+    (run from a source tree through ``PYTHONPATH``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        import spectra
+
+        return getattr(spectra, "__version__", "unknown")
+
+
+class _Version(argparse.Action):
+    """``--version``: the version is looked up only when asked for (it costs a metadata scan)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"{parser.prog} {package_version()}")
+        parser.exit(0)
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="spectra", description="Spectral clipping for LLM training.")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, default=argparse.SUPPRESS,
+        help="print the version of spectra and exit",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     wanted = None
     if argv:

@@ -31,7 +31,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A fresh temporary path next to ``path``, renamed to ``path`` when the block succeeds.
 
     The block creates and writes the temporary file (in one go or streamed); it is fsynced
-    and moved into place on success, deleted if the block raises.
+    and moved into place on success, deleted if the block raises. The file gets the mode of
+    a newly created one (``0o666`` less the umask, as ``open`` gives), whatever mode the
+    writer gave the temporary file (``safetensors`` writes ``0o600``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,11 +41,26 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         with open(tmp, "rb+") as f:
+            if hasattr(os, "fchmod"):  # POSIX
+                os.fchmod(f.fileno(), new_file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def new_file_mode() -> int:
+    """The mode ``open`` gives a new file: ``0o666`` less the process's umask."""
+    try:  # Linux states the umask; reading it there leaves it untouched for other threads
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:

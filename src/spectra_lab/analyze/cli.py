@@ -262,6 +262,8 @@ def run_norms(args: argparse.Namespace) -> int:
     labels = args.labels or [None] * len(runs)
     if len(labels) != len(runs):
         raise CLIError(f"--labels: got {len(labels)} labels for {len(runs)} runs")
+    if args.out.exists() and not args.out.is_dir():
+        raise CLIError(f"--out {args.out} is a file; give a folder for norms.json and norms.png")
     data = [load_norms(run, label) for run, label in zip(runs, labels, strict=True)]
     groups = {tuple(d["monitor_groups"] or ()) for d in data}
     if len(groups) > 1:

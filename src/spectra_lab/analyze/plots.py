@@ -198,14 +198,21 @@ def noise_distance_figure(data: dict[str, Any]) -> plt.Figure:
 
 
 def norms_figure(runs: list[dict[str, Any]]) -> plt.Figure:
-    """Σ‖X‖_∞ and Σ‖X‖_F over the weight matrices against step, one curve per run."""
+    """Σ‖X‖_∞ and Σ‖X‖_F over the weight matrices against step, one curve per run, a point
+    per monitored step (whole steps on the x axis)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for run in runs:
-        axes[0].plot(run["steps"], run["sum_weight_linf"], label=run["label"])
-        axes[1].plot(run["steps"], run["sum_weight_fro"], label=run["label"])
-    for ax, title in zip(axes, ("Σ ‖X‖_∞ (max |entry|)", "Σ ‖X‖_F"), strict=True):
-        ax.set_title(f"{title} over the weight matrices")
-        ax.set_xlabel("step")
+        axes[0].plot(run["steps"], run["sum_weight_linf"], "o-", ms=3, label=run["label"])
+        axes[1].plot(run["steps"], run["sum_weight_fro"], "o-", ms=3, label=run["label"])
+    panels = (
+        (r"$\Sigma_X\, \|X\|_\infty$", "max |entry| of each weight matrix X, summed"),
+        (r"$\Sigma_X\, \|X\|_F$", "Frobenius norm of each weight matrix X, summed"),
+    )
+    for ax, (ylabel, title) in zip(axes, panels, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("step (the monitored ones: 1, N + 1, 2N + 1, … for --monitor-every N)")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

@@ -6,11 +6,12 @@ import argparse
 import re
 from pathlib import Path
 
+from spectra.validate import check_int
 from spectra_lab.data.format import read_meta
 from spectra_lab.data.hub import HUB_DATASETS
 from spectra_lab.data.paths import default_dataset_dir
 from spectra_lab.data.prepare import DATASETS, prepare
-from spectra_lab.data.tokenizers import TOKENIZERS
+from spectra_lab.data.tokenizers import MIN_BPE_VOCAB, TOKENIZERS
 from spectra_lab.errors import CLIError
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
@@ -100,7 +101,14 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--hub-path/--hub-config apply to fineweb-edu and slimpajama only")
     if args.val_fraction is not None and args.dataset == "shakespeare":
         raise CLIError("shakespeare is split by work; --val-fraction does not apply")
+    if tokenizer == "bpe":
+        try:
+            check_int("--vocab-size", args.vocab_size, low=MIN_BPE_VOCAB)
+        except ValueError as exc:
+            raise CLIError(f"{exc} (the 256 bytes and the end-of-text token)") from None
     out = args.out or default_dataset_dir(args.dataset, tokenizer, args.vocab_size, args.cache_dir)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} is a file; give a folder for the dataset")
     opts: dict = {"force": args.force, "progress": True}
     if args.dataset == "shakespeare":
         opts["cache_dir"] = args.cache_dir

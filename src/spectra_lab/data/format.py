@@ -12,6 +12,11 @@ A prepared dataset is a directory holding
 Each document is stored as its tokens followed by the end-of-text token, or, for a
 tokenizer without one, followed by the encoding of a blank line ``"\\n\\n"``.
 
+Reading one back goes through :func:`check_dataset` (the files are there, whole, and the
+tokenizer file reads back) and :func:`load_tokenizer`: a missing or damaged file is a
+one-line ``DataError`` naming it and the ``spectra prepare-data`` command that writes the
+dataset again (:func:`remake_hint`).
+
 Every file is written through :func:`spectra_lab.files.atomic_path` (a temporary name
 moved into place with ``os.replace``); ``meta.json`` is removed first and written last, so
 a directory whose ``meta.json`` exists always holds a complete dataset.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -28,7 +34,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from spectra_lab.data.errors import DataError
-from spectra_lab.data.tokenizers import BPE_FILE, Tokenizer
+from spectra_lab.data.tokenizers import BPE_FILE, TOKENIZERS, BPETokenizer, Tokenizer, get_tokenizer
 from spectra_lab.files import atomic_path, atomic_write
 
 __all__ = [
@@ -37,9 +43,12 @@ __all__ = [
     "SPLITS",
     "TokenFileWriter",
     "begin_dataset",
+    "check_dataset",
     "dataset_is_complete",
     "document_tokens",
+    "load_tokenizer",
     "read_meta",
+    "remake_hint",
     "token_dtype",
     "token_file",
     "write_dataset",
@@ -70,28 +79,124 @@ def _separator(tokenizer: Tokenizer) -> list[int]:
 
 
 def read_meta(dataset_dir: str | Path) -> dict[str, Any]:
-    path = Path(dataset_dir) / META_FILE
+    """The ``meta.json`` of a prepared dataset; a one-line ``DataError`` naming what is wrong
+    (no such folder, no ``meta.json``, or one that is not a JSON object) otherwise."""
+    dataset_dir = Path(dataset_dir)
+    path = dataset_dir / META_FILE
+    if not dataset_dir.is_dir():
+        raise DataError(f"dataset {dataset_dir} does not exist; {remake_hint(dataset_dir)}")
     if not path.exists():
-        raise DataError(f"{dataset_dir} is not a prepared dataset (no {META_FILE})")
-    return json.loads(path.read_text(encoding="utf-8"))
+        raise DataError(
+            f"{dataset_dir} is not a prepared dataset (no {META_FILE}); {remake_hint(dataset_dir)}"
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path} is damaged ({exc}); {remake_hint(dataset_dir)}") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} is damaged (not a JSON object); {remake_hint(dataset_dir)}")
+    return meta
+
+
+def remake_hint(dataset_dir: str | Path, meta: dict[str, Any] | None = None) -> str:
+    """What to run to write the dataset in ``dataset_dir`` again: the ``spectra prepare-data``
+    command of the request recorded in ``meta`` (as far as its options go)."""
+    request = (meta or {}).get("request")
+    words = ["spectra prepare-data"]
+    if isinstance(request, dict) and request.get("name"):
+        words.append(f"--dataset {request['name']}")
+        if request.get("tokenizer"):
+            words.append(f"--tokenizer {request['tokenizer']}")
+        if request.get("tokenizer") == "bpe" and request.get("vocab_size"):
+            words.append(f"--vocab-size {request['vocab_size']}")
+        files = (request.get("source") or {}).get("files") or []
+        if files:
+            paths = [shlex.quote(str(f.get("path"))) for f in files]
+            words.append("--input " + (" ".join(paths) if len(paths) <= 3 else "FILE ..."))
+        if request.get("tokens") is not None:
+            words.append(f"--tokens {request['tokens']}")
+    words += [f"--out {shlex.quote(str(dataset_dir))}", "--force"]
+    return f"prepare it again: {' '.join(words)}"
+
+
+def load_tokenizer(dataset_dir: str | Path) -> Tokenizer:
+    """The tokenizer a prepared dataset was written with (from its ``meta.json``); a missing,
+    damaged or foreign ``tokenizer.json`` is a one-line ``DataError`` naming the file."""
+    dataset_dir = Path(dataset_dir)
+    meta = read_meta(dataset_dir)
+    name = meta.get("tokenizer")
+    if name == "bpe":
+        path = dataset_dir / meta.get("tokenizer_file", BPE_FILE)
+        if not path.is_file():
+            raise DataError(f"{path} is missing; {remake_hint(dataset_dir, meta)}")
+        try:
+            tokenizer = BPETokenizer.load(path)
+        except Exception as exc:  # the tokenizers library raises a bare Exception
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DataError(
+                f"{path} is damaged ({reason}); {remake_hint(dataset_dir, meta)}"
+            ) from None
+        if tokenizer.vocab_size != meta.get("vocab_size"):
+            raise DataError(
+                f"{path} has {tokenizer.vocab_size} tokens but {dataset_dir / META_FILE} says "
+                f"{meta.get('vocab_size')}: it is another dataset's tokenizer; "
+                f"{remake_hint(dataset_dir, meta)}"
+            )
+        return tokenizer
+    if name in TOKENIZERS:
+        return get_tokenizer(name)
+    raise DataError(
+        f"{dataset_dir / META_FILE} names an unknown tokenizer {name!r}; "
+        f"{remake_hint(dataset_dir, meta)}"
+    )
+
+
+def check_dataset(dataset_dir: str | Path) -> dict[str, Any]:
+    """The ``meta.json`` of the prepared dataset in ``dataset_dir`` once its files are checked:
+    the token files are there, whole tokens long, with the counts it records (where it
+    records them), and a ``bpe`` tokenizer file reads back. Anything missing or damaged is a
+    one-line ``DataError`` naming the file and the command that writes it again. The fixed
+    tokenizers (``gpt2``, ``bytes``) are not loaded: training does not need them (and
+    ``gpt2``'s may be a download)."""
+    dataset_dir = Path(dataset_dir)
+    meta = read_meta(dataset_dir)
+    again = remake_hint(dataset_dir, meta)
+    try:
+        if not isinstance(meta.get("vocab_size"), int):
+            raise TypeError("vocab_size")
+        dtype = np.dtype(meta.get("dtype", "uint16"))
+        if any(not isinstance(meta.get(f"{s}_tokens", 0), int) for s in SPLITS):
+            raise TypeError("token counts")
+    except TypeError as exc:
+        raise DataError(f"{dataset_dir / META_FILE} is damaged (its {exc}); {again}") from None
+    for split in SPLITS:
+        path = dataset_dir / f"{split}.bin"
+        if not path.is_file():
+            raise DataError(f"{path} is missing; {again}")
+        size, tokens = path.stat().st_size, meta.get(f"{split}_tokens")
+        if size % dtype.itemsize or (tokens is not None and size != tokens * dtype.itemsize):
+            counted = f"{tokens:,} {dtype.name} tokens" if tokens is not None else "tokens"
+            raise DataError(
+                f"{path} is damaged: {size:,} bytes where {META_FILE} counts {counted} "
+                f"({dtype.itemsize} bytes each); {again}"
+            )
+    if meta.get("tokenizer") == "bpe":
+        load_tokenizer(dataset_dir)
+    return meta
 
 
 def dataset_is_complete(dataset_dir: str | Path, request: dict[str, Any] | None = None) -> bool:
-    """Whether ``dataset_dir`` holds a complete dataset (made by ``request``, if given)."""
+    """Whether ``dataset_dir`` holds a complete, undamaged dataset (made by ``request``, if
+    given)."""
     dataset_dir = Path(dataset_dir)
     try:
         meta = read_meta(dataset_dir)
-    except (DataError, json.JSONDecodeError):
-        return False
-    if request is not None and meta.get("request") != request:
-        return False
-    itemsize = np.dtype(meta["dtype"]).itemsize
-    for split in SPLITS:
-        path = dataset_dir / f"{split}.bin"
-        if not path.exists() or path.stat().st_size != meta[f"{split}_tokens"] * itemsize:
+        if request is not None and meta.get("request") != request:
             return False
-    tok_file = meta.get("tokenizer_file")
-    return tok_file is None or (dataset_dir / tok_file).exists()
+        check_dataset(dataset_dir)
+    except DataError:
+        return False
+    return True
 
 
 class TokenFileWriter:
@@ -204,9 +309,16 @@ def write_dataset(
         out_dir, labeled_docs, tokenizer, token_budget=token_budget, progress=progress
     )
     if counts["train_tokens"] == 0 or counts["val_tokens"] == 0:
+        more = "more documents (a plain text file is one document, a .jsonl file one a line)"
+        if (
+            token_budget is not None
+            and counts["train_tokens"] + counts["val_tokens"] >= token_budget
+        ):
+            more = f"a larger token budget than {token_budget:,} (--tokens)"
         raise DataError(
             f"{meta.get('name', out_dir)}: {counts['train_documents']} training and "
-            f"{counts['val_documents']} validation documents; both splits need at least one"
+            f"{counts['val_documents']} validation documents; both splits need at least one: "
+            f"give {more}"
         )
     full = {
         "format_version": FORMAT_VERSION,

@@ -148,26 +148,45 @@ def read_local_texts(paths: Sequence[str | Path], text_field: str = TEXT_FIELD) 
     """
     for p in paths:
         path = Path(p)
-        if not path.is_file():
-            raise DataError(f"input file {path} does not exist")
-        if path.suffix == ".parquet":
-            yield from _parquet_texts(path, text_field)
-        elif path.name.endswith((".jsonl", ".jsonl.zst")):
-            for lineno, line in enumerate(_jsonl_lines(path), 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    text = record[text_field]
-                except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                    raise DataError(
-                        f"{path}:{lineno}: expected a JSON object with a {text_field!r} string"
-                    ) from exc
-                if not isinstance(text, str):
-                    raise DataError(f"{path}:{lineno}: {text_field!r} is not a string")
-                yield text
-        else:
-            yield path.read_text(encoding="utf-8")
+        check_input_file(path)
+        try:
+            yield from _file_texts(path, text_field)
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{path}: not UTF-8 text (byte {exc.start} of the text is 0x"
+                f"{exc.object[exc.start]:02x}); convert it to UTF-8, e.g. with "
+                f"`iconv -f latin1 -t utf-8`"
+            ) from None
+
+
+def check_input_file(path: Path) -> None:
+    """A one-line ``DataError`` unless ``path`` is a file."""
+    if path.is_dir():
+        raise DataError(f"input {path} is a folder; give the files in it (e.g. {path}/*.txt)")
+    if not path.is_file():
+        raise DataError(f"input file {path} does not exist")
+
+
+def _file_texts(path: Path, text_field: str) -> Iterator[str]:
+    """The documents of one input file (see :func:`read_local_texts`)."""
+    if path.suffix == ".parquet":
+        yield from _parquet_texts(path, text_field)
+    elif path.name.endswith((".jsonl", ".jsonl.zst")):
+        for lineno, line in enumerate(_jsonl_lines(path), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                text = record[text_field]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(
+                    f"{path}:{lineno}: expected a JSON object with a {text_field!r} string"
+                ) from exc
+            if not isinstance(text, str):
+                raise DataError(f"{path}:{lineno}: {text_field!r} is not a string")
+            yield text
+    else:
+        yield path.read_text(encoding="utf-8")
 
 
 def prepare_documents(

@@ -11,7 +11,6 @@ with the next one, so each window is used exactly once per epoch. Its state is t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spectra_lab.data.format import META_FILE
+from spectra_lab.data.errors import DataError
+from spectra_lab.data.format import META_FILE, read_meta, remake_hint
 
 __all__ = ["BatchSampler", "TokenDataset", "iter_eval_batches"]
 
@@ -36,15 +36,27 @@ class TokenDataset:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
         self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"token file {self.path} does not exist")
+        meta = None
         if dtype is None:
-            meta_path = self.path.parent / META_FILE
             dtype = "uint16"
-            if meta_path.exists():
-                dtype = json.loads(meta_path.read_text(encoding="utf-8"))["dtype"]
+            if (self.path.parent / META_FILE).exists():
+                meta = read_meta(self.path.parent)
+                dtype = meta.get("dtype", dtype)
+        if not self.path.is_file():
+            raise DataError(
+                f"token file {self.path} is missing; {remake_hint(self.path.parent, meta)}"
+            )
         self.dtype = np.dtype(dtype)
-        self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        size = self.path.stat().st_size
+        if size % self.dtype.itemsize:
+            raise DataError(
+                f"token file {self.path} is damaged: {size:,} bytes is not a whole number of "
+                f"{self.dtype.name} tokens; {remake_hint(self.path.parent, meta)}"
+            )
+        if size:
+            self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        else:  # numpy cannot map an empty file
+            self.tokens = np.zeros(0, dtype=self.dtype)
         self.seq_len = seq_len
         self.num_windows = max(0, (len(self.tokens) - 1) // seq_len)
 

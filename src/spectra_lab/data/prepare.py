@@ -15,13 +15,27 @@ same request, it is returned as is.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from spectra.validate import check_int
 from spectra_lab.data.errors import DataError
-from spectra_lab.data.format import begin_dataset, dataset_is_complete, write_dataset
-from spectra_lab.data.hub import hub_source, iter_hub_texts, prepare_documents, read_local_texts
+from spectra_lab.data.format import (
+    META_FILE,
+    begin_dataset,
+    check_dataset,
+    dataset_is_complete,
+    write_dataset,
+)
+from spectra_lab.data.hub import (
+    check_input_file,
+    hub_source,
+    iter_hub_texts,
+    prepare_documents,
+    read_local_texts,
+)
 from spectra_lab.data.paths import default_dataset_dir
 from spectra_lab.data.request import CorpusRequest, ShakespeareRequest
 from spectra_lab.data.shakespeare import (
@@ -32,7 +46,7 @@ from spectra_lab.data.shakespeare import (
     sha256_file,
     split_works,
 )
-from spectra_lab.data.tokenizers import BPE_FILE, TOKENIZERS, get_tokenizer
+from spectra_lab.data.tokenizers import BPE_FILE, MIN_BPE_VOCAB, TOKENIZERS, get_tokenizer
 
 __all__ = ["DATASETS", "HUB_DEFAULT_TOKENS", "prepare", "training_dataset"]
 
@@ -71,6 +85,8 @@ def prepare(
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(DATASETS)}")
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
+    if tokenizer == "bpe":  # before anything is fetched or removed
+        check_int("vocab_size", vocab_size, low=MIN_BPE_VOCAB)
     unknown = set(opts) - _OPTIONS[name] - _COMMON
     if unknown:
         raise ValueError(f"options {sorted(unknown)} do not apply to dataset {name!r}")
@@ -116,8 +132,7 @@ def _documents(name: str, opts: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     if name != "text" and (opts.get("hub_path") or opts.get("hub_config")):
         raise ValueError("local input files and hub_path/hub_config exclude each other")
     for p in inputs:
-        if not p.is_file():
-            raise DataError(f"input file {p} does not exist")
+        check_input_file(p)
     # Identify the inputs by path, size and modification time.
     files = [
         {"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
@@ -135,21 +150,36 @@ def say(progress: bool, text: str) -> None:
 def training_dataset(
     dataset: str, tokenizer: str, vocab_size: int, data_dir: str | None, progress: bool = False
 ) -> Path:
-    """The prepared dataset a training run reads.
+    """The prepared dataset a training run reads, with its files checked (``check_dataset``).
 
     ``dataset`` is a prepared directory (it holds ``meta.json``), or a corpus name: its default
     location, ``<data_dir>/datasets/<name>-<tokenizer tag>`` (what ``spectra prepare-data``
     writes), used as it is when prepared (whatever token budget it was made with), otherwise
-    prepared there once with the default options. An unknown name raises ``ValueError``.
+    prepared there once with the default options. An unknown name, or a path (it holds a
+    ``/`` or starts with ``.`` or ``~``) that is not a prepared dataset, raises ``ValueError``;
+    a damaged dataset ``DataError``.
     """
-    given = Path(dataset)
-    if (given / "meta.json").is_file():
+    given = Path(dataset).expanduser()
+    if (given / META_FILE).is_file():
+        check_dataset(given)
         return given
+    if looks_like_path(dataset):
+        there = "does not exist" if not given.exists() else f"holds no {META_FILE}"
+        raise ValueError(
+            f"the dataset path {given} {there}; write a dataset there with `spectra "
+            f"prepare-data --out {given}`, or name a corpus ({', '.join(DATASETS)})"
+        )
     out = default_dataset_dir(dataset, tokenizer, vocab_size, data_dir)
-    if (out / "meta.json").is_file():
+    if (out / META_FILE).is_file():
+        check_dataset(out)
         return out
     say(progress, f"dataset {dataset!r} is not prepared yet: preparing it once into {out}")
     return prepare(dataset, out, tokenizer=tokenizer, vocab_size=vocab_size, progress=progress)
+
+
+def looks_like_path(dataset: str) -> bool:
+    """Whether a ``dataset`` setting names a folder rather than a corpus."""
+    return "/" in dataset or os.sep in dataset or dataset.startswith((".", "~"))
 
 
 def _shakespeare_request(

@@ -14,7 +14,6 @@ Every tokenizer has ``name``, ``vocab_size``, ``eot_id`` (the end-of-text id, or
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -25,18 +24,20 @@ from spectra_lab.files import atomic_write
 __all__ = [
     "BPE_FILE",
     "EOT_TEXT",
+    "MIN_BPE_VOCAB",
     "TOKENIZERS",
     "BPETokenizer",
     "ByteTokenizer",
     "GPT2Tokenizer",
     "Tokenizer",
     "get_tokenizer",
-    "load_tokenizer",
 ]
 
 TOKENIZERS = ("bpe", "gpt2", "bytes")
 EOT_TEXT = "<|endoftext|>"
 BPE_FILE = "tokenizer.json"
+#: the smallest BPE vocabulary: the 256 bytes and the end-of-text token
+MIN_BPE_VOCAB = 257
 
 
 class Tokenizer(Protocol):
@@ -81,8 +82,11 @@ class BPETokenizer:
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 4096) -> BPETokenizer:
         """Learn ``vocab_size`` tokens (256 bytes, ``<|endoftext|>``, merges) from ``texts``."""
-        if vocab_size < 257:
-            raise ValueError(f"BPE vocab_size must be at least 257, got {vocab_size}")
+        if vocab_size < MIN_BPE_VOCAB:
+            raise ValueError(
+                f"BPE vocab_size must be at least {MIN_BPE_VOCAB} (the 256 bytes and "
+                f"{EOT_TEXT}), got {vocab_size}"
+            )
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -193,21 +197,3 @@ def get_tokenizer(
             tok.save(path)
         return tok
     raise ValueError(f"unknown tokenizer {name!r}; valid tokenizers: {', '.join(TOKENIZERS)}")
-
-
-def load_tokenizer(dataset_dir: str | Path) -> Tokenizer:
-    """The tokenizer a prepared dataset was written with (from its ``meta.json``)."""
-    dataset_dir = Path(dataset_dir)
-    meta_path = dataset_dir / "meta.json"
-    if not meta_path.exists():
-        raise DataError(f"{dataset_dir} is not a prepared dataset (no meta.json)")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    name = meta["tokenizer"]
-    if name == "bpe":
-        path = dataset_dir / meta.get("tokenizer_file", BPE_FILE)
-        if not path.exists():
-            raise DataError(f"{path} is missing; prepare the dataset again")
-        return BPETokenizer.load(path)
-    if name in TOKENIZERS:
-        return get_tokenizer(name)
-    raise DataError(f"{meta_path} names an unknown tokenizer {name!r}")

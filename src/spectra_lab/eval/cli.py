@@ -19,6 +19,7 @@ from typing import Any
 
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write, write_csv
+from spectra_lab.runs.model import check_device
 from spectra_lab.runs.scores import EVAL_DIR, SCORE_FIELDS, SCORES_CSV
 
 # The paper's downstream evaluation, 5-shot.
@@ -70,11 +71,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"{run_dir}: not a run directory")
     if args.num_fewshot < 0 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise CLIError("--num-fewshot must be >= 0, --batch-size and --limit >= 1")
+    if args.device is not None:  # cuda without a GPU falls back to the CPU, as in the adapter
+        check_device("--device", args.device, available=False)
     if not args.online:
         hub_offline()
     try:
         import lm_eval
-        from lm_eval.tasks import TaskManager, get_task_dict
+        from lm_eval.tasks import TaskManager
 
         from spectra_lab.eval.adapter import SpectraLM
         from spectra_lab.eval.tasks import build_offline_task
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     hub_tasks = []
     for task in (t for t in args.tasks if t != OFFLINE_TASK):
         try:
-            get_task_dict([task], task_manager)
+            load_task(task_manager, task)
         except KeyError:
             raise CLIError(f"unknown lm-eval task {task!r} (see `lm_eval ls tasks`)") from None
         except Exception as exc:  # missing data surfaces as many types (ConnectionError, ...)
@@ -133,21 +136,43 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_task(task_manager: Any, task: str) -> Any:
+    """Build lm-eval task ``task`` (``KeyError`` if lm-eval knows no such task): through
+    ``TaskManager.load``, or ``get_task_dict`` on an older lm-eval without it."""
+    if hasattr(task_manager, "load"):
+        return task_manager.load([task])
+    from lm_eval.tasks import get_task_dict
+
+    return get_task_dict([task], task_manager)
+
+
 def hf_model(ckpt: str | Path, out: Path, args: argparse.Namespace) -> tuple[Any, Path]:
     """lm-eval's ``hf`` model on a Hugging Face export of ``ckpt`` written to ``out``, and the
-    run's dataset directory."""
+    run's dataset directory. A run whose tokenizer has no end-of-text token (``bytes``),
+    which lm-eval's ``hf`` model needs, is refused in one line before anything is written."""
     import torch
-    from lm_eval.models.huggingface import HFLM
 
+    from spectra_lab.data import load_tokenizer
     from spectra_lab.runs.checkpoint import read_checkpoint, resolve_checkpoint
     from spectra_lab.runs.export import export_hf
 
+    dataset_dir = Path(read_checkpoint(resolve_checkpoint(ckpt), map_location="cpu")["dataset_dir"])
+    tokenizer = load_tokenizer(dataset_dir)
+    if tokenizer.eot_id is None:
+        raise CLIError(
+            f"--hf: lm-eval's hf model needs an end-of-text token, which the run's "
+            f"{tokenizer.name} tokenizer has not; score the run without --hf (spectra's own "
+            'adapter uses "\\n" in its place)'
+        )
+    from lm_eval.models.huggingface import HFLM
+
     export_hf(ckpt, out)
     print(f"exported {ckpt} to {out}; scoring it with lm-eval's hf model")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or "cuda"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        device = "cpu"
     lm = HFLM(pretrained=str(out), dtype="float32", device=device, batch_size=args.batch_size)
-    state = read_checkpoint(resolve_checkpoint(ckpt), map_location="cpu")
-    return lm, Path(state["dataset_dir"])
+    return lm, dataset_dir
 
 
 # ---------------------------------------------------------------------- results files

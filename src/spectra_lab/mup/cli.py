@@ -58,11 +58,12 @@ def _show_coord_defaults(parser: argparse.ArgumentParser) -> None:
 
 def coord_config(args: argparse.Namespace) -> TrainConfig:
     """The configuration the check trains at every width: :data:`COORD_DEFAULTS` under the
-    config layers and flags, with :data:`COORD_FIXED` and no evaluation or checkpoints."""
+    config layers and flags, with :data:`COORD_FIXED` and no evaluation or checkpoints. Its
+    ``progress`` (``--no-progress``) is the check's bar; the runs themselves draw none."""
     cfg = config_from_args(args, base=COORD_DEFAULTS)
     return dataclasses.replace(
         cfg, **COORD_FIXED, eval_interval=cfg.steps + 1, eval_batches=1, checkpoint_interval=0,
-        plot=False, progress=False,
+        plot=False,
     )  # fmt: skip
 
 
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     for w in args.widths:  # every width must fit the model and the base width: one line now
         model_config_of(dataclasses.replace(cfg, d_model=w, parametrization="mup"), 1)
     out = Path(cfg.out_dir)
-    results = coord_check(cfg, sorted(args.widths), out)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} is a file; give a folder for the runs and the figure")
+    results = coord_check(cfg, sorted(args.widths), out, progress=cfg.progress)
     written = [
         write_json_atomic(out / "coord_check.json", results),
         save_figure(coord_figure(results), out / "coord_check.png"),

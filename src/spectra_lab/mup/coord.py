@@ -83,7 +83,8 @@ def coord_check(
 ) -> dict[str, Any]:
     """Train ``base`` at every width in both parametrizations; the RMS records per run.
 
-    Each run trains ``base.steps`` steps into ``out/runs/<parametrization>-d<width>``.
+    Each run trains ``base.steps`` steps into ``out/runs/<parametrization>-d<width>``, without
+    a progress bar of its own; ``progress``: one bar over the runs.
     """
     from tqdm import tqdm
 
@@ -106,6 +107,7 @@ def coord_check(
             out_dir=str(out / "runs" / f"{param}-d{width}"),
             overwrite=True,
             resume=False,
+            progress=False,
         )
         recorders: list[ActivationRecorder] = []
         torch.manual_seed(cfg.seed)
@@ -130,7 +132,7 @@ def coord_figure(results: dict[str, Any], steps: list[int] | None = None):
     first = results["runs"]["standard"][str(widths[0])]
     layers = list(first)
     n_steps = len(first[layers[0]])
-    steps = steps or sorted({0, 1, n_steps // 2, n_steps - 1})
+    steps = steps or sorted({0, min(1, n_steps - 1), n_steps // 2, n_steps - 1})
     fig, axes = plt.subplots(2, len(steps), figsize=(3.2 * len(steps), 6.4), sharex=True,
                              sharey=True, squeeze=False)  # fmt: skip
     cmap = plt.get_cmap("viridis")

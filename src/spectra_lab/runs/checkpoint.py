@@ -61,7 +61,8 @@ _NAME = re.compile(r"^step_(\d+)(\.pt)?$")
 _PARTIAL = re.compile(r"^step_\d+\.tmp-")
 #: the trainer's file in a directory checkpoint: the scalars and the components DCP does not hold
 TRAINER_FILE = "trainer.pt"
-#: the hint of every damaged-checkpoint error
+#: the hint of a damaged-checkpoint error when a run resumes (commands that only read a
+#: checkpoint pass their own to :func:`read_checkpoint` and :func:`resolve_checkpoint`)
 _EARLIER = "delete it to resume from an earlier one"
 #: DCP's index of a checkpoint, written by its coordinator after every rank's shards
 DCP_METADATA = ".metadata"
@@ -332,32 +333,34 @@ def write_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     atomic_write(path, payload + footer)
 
 
-def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def read_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, hint: str = _EARLIER
+) -> dict:
     """Read a checkpoint written by :func:`write_checkpoint`, verifying length and checksum.
 
     For a directory checkpoint: its :data:`TRAINER_FILE` (everything but the sharded
-    components).
+    components). A damaged one is a ``CheckpointError`` that ends with ``hint``.
     """
     path = Path(path)
     if path.is_dir():
-        path = _complete(path) / TRAINER_FILE
+        path = _complete(path, hint) / TRAINER_FILE
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     data = path.read_bytes()
     if len(data) < _FOOTER or data[-_FOOTER : -_FOOTER + len(MAGIC)] != MAGIC:
         raise CheckpointError(
             f"checkpoint {path} is truncated or not a spectra checkpoint "
-            f"({len(data)} bytes, no valid footer); {_EARLIER}"
+            f"({len(data)} bytes, no valid footer); {hint}"
         )
     size = int.from_bytes(data[-_FOOTER + len(MAGIC) : -32], "little")
     payload = data[:-_FOOTER]
     if len(payload) != size:
         raise CheckpointError(
             f"checkpoint {path} is truncated: payload has {len(payload)} bytes, expected {size}; "
-            f"{_EARLIER}"
+            f"{hint}"
         )
     if hashlib.sha256(payload).digest() != data[-32:]:
-        raise CheckpointError(f"checkpoint {path} is corrupt: checksum mismatch; {_EARLIER}")
+        raise CheckpointError(f"checkpoint {path} is corrupt: checksum mismatch; {hint}")
     return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
 
 
@@ -372,11 +375,10 @@ def is_complete(path: Path) -> bool:
     return (path / TRAINER_FILE).is_file() and (path / DCP_METADATA).is_file()
 
 
-def _complete(path: Path) -> Path:
+def _complete(path: Path, hint: str = "resume from an earlier one") -> Path:
     if not is_complete(path):
         raise CheckpointError(
-            f"checkpoint {path} is incomplete (no {TRAINER_FILE} or {DCP_METADATA}); "
-            "resume from an earlier one"
+            f"checkpoint {path} is incomplete (no {TRAINER_FILE} or {DCP_METADATA}); {hint}"
         )
     return path
 
@@ -403,11 +405,12 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint (file or directory), or the latest checkpoint of a run directory."""
+def resolve_checkpoint(path: str | Path, hint: str | None = None) -> Path:
+    """A checkpoint (file or directory), or the latest checkpoint of a run directory; an
+    incomplete directory checkpoint is a ``CheckpointError`` that ends with ``hint``."""
     path = Path(path)
     if path.is_dir() and _NAME.match(path.name):
-        return _complete(path)
+        return _complete(path) if hint is None else _complete(path, hint)
     if path.is_dir():
         latest = latest_checkpoint(path)
         if latest is None:

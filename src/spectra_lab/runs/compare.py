@@ -10,7 +10,7 @@ from pathlib import Path
 
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write, save_figure, write_csv
-from spectra_lab.runs.records import perplexity, read_jsonl
+from spectra_lab.runs.records import loss_scale, perplexity_text, read_jsonl
 from spectra_lab.runs.scores import read_scores
 
 
@@ -35,32 +35,53 @@ def load_evals(run: Path) -> list[dict]:
 
 
 def plot_comparison(runs: list[Path], labels: list[str], out: Path) -> list[tuple[str, float]]:
-    """Plot validation loss against step for each run; return (label, final val loss)."""
+    """Plot validation loss against step for each run; return (label, final val loss).
+
+    When the curves span more than ``records.LOG_SCALE_RATIO`` (a diverged run beside the
+    others) the y axis is logarithmic, as in a run's ``loss.png``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.set_ylabel("validation loss (nats per token)")
     finals = []
     for run, label in zip(runs, labels, strict=True):
         evals = load_evals(run)
-        final = evals[-1]["val_loss"]
+        losses = [float(r["val_loss"]) for r in evals]  # inf and nan are stored as strings
+        final = losses[-1]
         finals.append((label, final))
-        ax.plot(
-            [r["step"] for r in evals],
-            [r["val_loss"] for r in evals],
-            "o-",
-            label=f"{label}: {final:.4f} (ppl {perplexity(final):.1f})",
-        )
+        ppl = perplexity_text(final, 1)
+        ax.plot([r["step"] for r in evals], losses, "o-", label=f"{label}: {final:.4f} (ppl {ppl})")
+    loss_scale(ax, "validation loss")
     ax.set_title("validation loss of each run (legend: final loss and perplexity)")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("validation loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     save_figure(fig, out, dpi=110)
     return finals
+
+
+def check_figure_out(path: Path) -> None:
+    """A one-line ``CLIError`` unless ``--out`` can be a figure file: not a folder, and in a
+    format matplotlib writes (from its suffix; PNG without one)."""
+    if path.is_dir():
+        raise CLIError(f"--out {path} is a folder; give the figure's file name (e.g. curves.png)")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = path.suffix.lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise CLIError(
+            f"--out {path}: matplotlib writes no .{suffix} figure; use one of "
+            f"{', '.join('.' + f for f in sorted(formats))}"
+        )
 
 
 def step_times(run: Path) -> tuple[float, float] | None:
@@ -110,14 +131,16 @@ def run(args: argparse.Namespace) -> int:
     if args.table is not None and not args.downstream:
         raise CLIError("--table needs --downstream")
     if args.out is not None:
+        check_figure_out(Path(args.out))
         for r in runs:
             if not (r / "metrics.jsonl").is_file():
                 raise CLIError(f"{r}: not a run directory (no metrics.jsonl)")
         times = [step_times(r) for r in runs]
         finals = plot_comparison(runs, labels, Path(args.out))
         for (label, final), t in zip(finals, times, strict=True):
-            ppl = perplexity(final)
-            line = f"{label}: final validation loss {final:.4f} | perplexity {ppl:.2f}"
+            line = (
+                f"{label}: final validation loss {final:.4f} | perplexity {perplexity_text(final)}"
+            )
             if t is not None and times[0] is not None:
                 line += (
                     f" | median step {t[0]:.3f} s (x{t[0] / times[0][0]:.3f} of {labels[0]}),"
@@ -128,9 +151,10 @@ def run(args: argparse.Namespace) -> int:
     if args.downstream:
         rows = downstream_table(runs, labels)
         print(markdown_text(rows), end="")
-        if args.table is not None and args.table.endswith(".csv"):
-            write_csv(args.table, rows[0], rows[1:])
-        elif args.table is not None:
-            atomic_write(args.table, markdown_text(rows))
+        if args.table is not None:
+            if args.table.endswith(".csv"):
+                write_csv(args.table, rows[0], rows[1:])
+            else:
+                atomic_write(args.table, markdown_text(rows))
             print(f"wrote {args.table}")
     return 0

@@ -217,7 +217,7 @@ def export_hf(ckpt: str | Path, out: str | Path) -> Path:
     from spectra_lab.data import load_tokenizer
     from spectra_lab.runs.model import load_model
 
-    model, state = load_model(ckpt)
+    model, state = load_model(ckpt, option="RUN")
     tokenizer = load_tokenizer(Path(state["dataset_dir"]))
     weights = hf_state_dict(model)  # refuses μP with tied embeddings before writing anything
     out = Path(out)

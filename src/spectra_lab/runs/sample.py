@@ -10,15 +10,20 @@ import torch
 
 from spectra.validate import check_int, check_number
 from spectra_lab.errors import CLIError
-from spectra_lab.runs.model import load_model
+from spectra_lab.runs.model import check_device, load_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint or run dir")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: newline)")
     parser.add_argument("--tokens", type=int, default=200, help="new tokens to generate")
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=None, help="sample from the top k only")
+    parser.add_argument(
+        "--temperature", type=float, default=0.8,
+        help="divides the logits (default 0.8); 0: greedy decoding, the likeliest token each time",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-k", type=int, default=None, help="sample from the top k only (not when greedy)"
+    )
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
 
@@ -28,10 +33,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_int("--tokens", args.tokens, low=1)
-        check_number("--temperature", args.temperature, low=0.0, low_open=True)
+        check_number("--temperature (0: greedy decoding)", args.temperature, low=0.0)
         check_int("--top-k", args.top_k, low=1, none_ok=True)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    check_device("--device", args.device)
     model, state = load_model(args.ckpt, device=args.device)
     tokenizer = load_tokenizer(Path(state["dataset_dir"]))
     ids = tokenizer.encode(args.prompt)

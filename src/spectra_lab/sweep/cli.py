@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their status")
     parser.add_argument("--report-only", action="store_true", help="only rewrite the report")
     parser.add_argument("--no-plot", action="store_true", help="no curves.png")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (a failed run still says so)"
+    )
 
 
 class Labelled(io.TextIOBase):
@@ -95,15 +98,22 @@ def _prepared(run: Run) -> dict[str, Any]:
 
 
 def run_sweep(
-    runs: list[Run], out: Path, workers: int = 1, threads: int | None = None, **report: Any
+    runs: list[Run],
+    out: Path,
+    workers: int = 1,
+    threads: int | None = None,
+    progress: bool = True,
+    **report: Any,
 ) -> list[tuple[str, str]]:
-    """Train every run not yet done; returns ``(name, error)`` for the runs that failed."""
+    """Train every run not yet done; returns ``(name, error)`` for the runs that failed.
+    ``progress``: a bar of the runs done (a failed run is reported either way)."""
     from tqdm import tqdm
 
     todo = [r for r in runs if status(r) != "done"]
     by_dir = {r.config.out_dir: r for r in todo}
     failed: list[tuple[str, str]] = []
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="sweep", unit="run")
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="sweep", unit="run",
+               disable=not progress)  # fmt: skip
     env_threads = str(threads) if threads is not None else None
     if env_threads is not None:  # the workers' BLAS pools start with this many threads
         os.environ.setdefault("OMP_NUM_THREADS", env_threads)
@@ -150,7 +160,11 @@ def run(args: argparse.Namespace) -> int:
     copy = out / "grid.yaml"
     if not copy.exists():  # the grid the results came from
         shutil.copyfile(args.grid, copy)
-    failed = [] if args.report_only else run_sweep(runs, out, args.workers, args.threads, **report)
+    failed = (
+        []
+        if args.report_only
+        else run_sweep(runs, out, args.workers, args.threads, not args.no_progress, **report)
+    )
     write_report(runs, out, **report)
     print((out / "results.md").read_text(), end="")
     for name, error in failed:

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from spectra import SpectralMonitor
-from spectra_lab.data import BatchSampler, TokenDataset, training_dataset
+from spectra.validate import check_choice
+from spectra_lab.data import TOKENIZERS, BatchSampler, TokenDataset, training_dataset
 from spectra_lab.model import Llama, ModelConfig, model_config
 from spectra_lab.train.config import ConfigError, TrainConfig
 from spectra_lab.train.optimizers import group_of
@@ -26,6 +27,10 @@ def prepared_dataset(cfg: TrainConfig, rt: Runtime) -> Path:
     """The run's prepared dataset directory (see ``spectra_lab.data.training_dataset``):
     rank 0 finds it, or prepares a named corpus once, and tells the other ranks."""
     path = None
+    try:
+        check_choice("tokenizer", cfg.tokenizer, choices=TOKENIZERS)
+    except ValueError as exc:
+        raise ConfigError(f"config field 'tokenizer' = {cfg.tokenizer!r}: {exc}") from None
     if rt.is_main:
         try:
             path = str(

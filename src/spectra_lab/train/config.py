@@ -436,7 +436,8 @@ def _unknown(name: str, source: str) -> ConfigError:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file into a flat dict."""
+    """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file into a flat dict; an empty
+    file (no field set) is refused."""
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".toml"))
@@ -465,8 +466,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"cannot parse {path}: {exc}") from None
     else:
         raise ConfigError(f"config file {path}: use a .yaml, .yml or .toml extension")
-    if data is None:
-        return {}
+    if data is None or data == {}:
+        raise ConfigError(
+            f"config file {path} is empty: it sets no field; write the fields it should set "
+            "(field: value)"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of field: value")
     return data

@@ -31,7 +31,7 @@ from spectra_lab.files import (
     write_csv,
     write_json_atomic,
 )
-from spectra_lab.runs.records import perplexity, read_jsonl
+from spectra_lab.runs.records import loss_scale, perplexity, read_jsonl
 from spectra_lab.train.config import TrainConfig
 from spectra_lab.train.loggers import open_loggers, scalars
 from spectra_lab.train.runtime import Runtime
@@ -92,10 +92,6 @@ class MetricsWriter:
         plot_curves(self.dir / "loss.png", self.train_records, self.eval_records)
 
 
-#: a loss curve spanning more than this factor (a diverging run) is drawn on a log scale
-LOG_SCALE_RATIO = 20.0
-
-
 def _smoothed(values: list[float], window: int) -> list[float]:
     """The trailing moving average of ``values`` over ``window`` points."""
     return [
@@ -119,19 +115,10 @@ def _draw_validation(ax: Any, evals: list[dict[str, Any]]) -> None:
     ax.set_title(f"final validation loss {last:.4g}, perplexity {ppl:.4g}", fontsize=10)
 
 
-def _loss_scale(ax: Any) -> None:
-    """A log y-scale when the finite losses drawn span more than :data:`LOG_SCALE_RATIO`."""
-    drawn = [line.get_ydata() for line in ax.lines if line.get_gid() != "not finite"]
-    ys = [y for values in drawn for y in values if math.isfinite(y)]
-    if ys and min(ys) > 0 and max(ys) / min(ys) > LOG_SCALE_RATIO:
-        ax.set_yscale("log")
-        ax.set_ylabel("loss (nats per token, log scale)")
-
-
 def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> None:
     """Training/validation loss and learning rate against step, written atomically.
 
-    Losses of any size are drawn: a curve spanning more than :data:`LOG_SCALE_RATIO` goes on
+    Losses of any size are drawn: a curve spanning more than ``records.LOG_SCALE_RATIO`` goes on
     a log scale, an inf or nan validation loss is a cross on the top edge, and the title's
     perplexity is ``inf`` past a float's range.
     """
@@ -155,7 +142,7 @@ def plot_curves(path: str | Path, train: list[dict[str, Any]], evals: list[dict[
         ax_lr.plot(steps, [r["lr"] for r in train], lw=1.2, color="tab:green")
     if evals:
         _draw_validation(ax_loss, evals)
-    _loss_scale(ax_loss)
+    loss_scale(ax_loss, skip={"not finite"})
     if ax_loss.lines:
         ax_loss.legend(loc="best", fontsize=8)
     ax_loss.grid(alpha=0.3)

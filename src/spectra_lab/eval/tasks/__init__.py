@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from spectra_lab.data import load_tokenizer, read_meta
+from spectra_lab.data import check_dataset, load_tokenizer
 from spectra_lab.data.errors import DataError
 from spectra_lab.data.tokenizers import EOT_TEXT
 from spectra_lab.files import atomic_write
@@ -52,8 +52,8 @@ _TRAILING = ".,;:!?-"
 def validation_text(dataset_dir: str | Path) -> str:
     """The validation split of a prepared dataset as text (documents joined by EOT_TEXT)."""
     dataset_dir = Path(dataset_dir)
-    meta = read_meta(dataset_dir)
-    ids = np.fromfile(dataset_dir / "val.bin", dtype=np.dtype(meta["dtype"]))
+    meta = check_dataset(dataset_dir)
+    ids = np.fromfile(dataset_dir / "val.bin", dtype=np.dtype(meta.get("dtype", "uint16")))
     # Without an end-of-text token the documents are separated by a blank line, which
     # build_passages splits at anyway.
     return load_tokenizer(dataset_dir).decode(ids.tolist())
