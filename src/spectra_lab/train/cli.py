@@ -19,6 +19,7 @@ from typing import Any
 
 from spectra.validate import check_int
 from spectra_lab.errors import CLIError
+from spectra_lab.runs.records import perplexity_text
 from spectra_lab.train.config import (
     LOGGERS,
     PARALLEL_MODES,
@@ -151,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     result = train(cfg)
     if result.rank == 0 and result.val_loss is not None:
         print(
-            f"final validation loss {result.val_loss:.4f} | perplexity {result.val_ppl:.2f} "
+            f"final validation loss {result.val_loss:.4f} | "
+            f"perplexity {perplexity_text(result.val_loss)} "
             f"| step {result.step} | run {result.run_dir}"
         )
     return 0
