@@ -13,13 +13,14 @@ import difflib
 import math
 import sys
 import warnings
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from numbers import Integral, Real
 from typing import Any
 
 import torch
 
 __all__ = [
+    "add_checked_group",
     "check_choice",
     "check_int",
     "check_number",
@@ -207,6 +208,30 @@ def _caller_level() -> int:
     ):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def add_checked_group(
+    groups: list[dict[str, Any]],
+    param_group: Any,
+    owner: str,
+    add: Callable[[dict[str, Any]], None],
+    check: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """``add(param_group)`` (torch's ``add_param_group``, or a wrapped optimizer's) with the
+    checks every optimizer here makes: the group's shape first, then, on the group as added
+    to ``groups``, its parameters (real, each listed once) and ``check(group)``. A group that
+    fails is taken out of ``groups`` again before the error propagates."""
+    check_param_group(param_group, len(groups), owner)
+    with duplicates_refused():
+        add(param_group)
+    group = groups[-1]
+    try:
+        check_real_params(group["params"], owner)
+        check(group)
+    except ValueError:
+        groups.pop()
+        raise
+    return group
 
 
 @contextlib.contextmanager

@@ -60,10 +60,12 @@ def resolve(kind: str, method: str, device: torch.device, dtype: torch.dtype) ->
     such method."""
     if kind not in OPERATORS:
         raise ValueError(f"unknown operator {kind!r}; expected one of {', '.join(OPERATORS)}")
-    names = method_names(kind)
-    if method not in names:
-        raise ValueError(f"unknown {kind} method {method!r}; expected one of {', '.join(names)}")
-    return default_method(kind, device, dtype) if method == "auto" else method
+    if method == "auto":
+        return default_method(kind, device, dtype)
+    if getattr(METHODS.get(method), kind, None) is None:
+        names = ", ".join(method_names(kind))
+        raise ValueError(f"unknown {kind} method {method!r}; expected one of {names}")
+    return method
 
 
 def operator(kind: str, method: str, device: torch.device, dtype: torch.dtype) -> Operator:

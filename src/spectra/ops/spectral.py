@@ -34,7 +34,7 @@ from torch import Tensor
 from spectra.ops._common import check_finite, check_matrix_input, check_threshold, compute_dtype
 from spectra.ops.base import POLAR_TOL, Options, apply_checked
 from spectra.ops.eigh import hard_weight, soft_weight
-from spectra.ops.methods import default_method, operator, resolve
+from spectra.ops.methods import METHODS, default_method, operator, resolve
 from spectra.validate import check_int
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def soft_clip_begin(X: Tensor, c: float, **kwargs: Unpack[SoftClipKeywords]) -> 
     check_matrix_input(X)
     c = check_threshold(c, "c")
     method = resolve("soft_clip", method, X.device, X.dtype)
-    op = operator("soft_clip", method, X.device, X.dtype)
+    op = METHODS[method].soft_clip
     op.check(options)
     pending = SoftClipPending(torch.empty(0, dtype=torch.float64, device=X.device), c, method,
                               options)  # fmt: skip

@@ -58,12 +58,10 @@ from spectra.optim.settings import (
     schedules_of,
 )
 from spectra.validate import (
+    add_checked_group,
     check_choice,
     check_int,
-    check_param_group,
     check_params_argument,
-    check_real_params,
-    duplicates_refused,
     warn_misspelt_keys,
 )
 
@@ -398,18 +396,16 @@ class SpectraOptimizer(Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's ``add_param_group``; a group that fails a check is not added."""
-        check_param_group(param_group, len(self.param_groups), type(self).__name__)
-        with duplicates_refused():
-            super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        try:
-            check_real_params(group["params"], type(self).__name__)
+        owner = type(self).__name__
+
+        def check(group: dict[str, Any]) -> None:
             check_spectra_settings(group)
             self._check_group(group)
-        except ValueError:
-            self.param_groups.pop()
-            raise
-        warn_misspelt_keys(group, self.defaults, type(self).__name__)
+
+        group = add_checked_group(
+            self.param_groups, param_group, owner, super().add_param_group, check
+        )
+        warn_misspelt_keys(group, self.defaults, owner)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)

@@ -33,10 +33,8 @@ from spectra.optim.base import TORCH_BOOKKEEPING, SpectraOptimizer, Work
 from spectra.optim.distributed import is_sharded, local, shaped_like
 from spectra.optim.settings import check_spectra_settings, keep_schedules, schedules_of
 from spectra.validate import (
+    add_checked_group,
     check_number,
-    check_param_group,
-    check_real_params,
-    duplicates_refused,
     warn_misspelt_keys,
 )
 
@@ -223,25 +221,22 @@ class Spectra(SpectraOptimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """The base's ``add_param_group``; a group that fails a check is not added."""
-        check_param_group(param_group, len(self.param_groups), "Spectra")
-        with duplicates_refused():
-            if not self._initialised:
-                Optimizer.add_param_group(self, param_group)  # registers the base's own groups
-            else:
-                self.base.add_param_group(param_group)
-        group = self.param_groups[-1]
-        for key, value in self.defaults.items():
-            if key not in TORCH_BOOKKEEPING:
-                group.setdefault(key, value)
-        try:
-            check_real_params(group["params"], "Spectra")
+        # before initialisation this registers the base's own groups
+        add = self.base.add_param_group if self._initialised else self._add_own_group
+
+        def check(group: dict[str, Any]) -> None:
+            for key, value in self.defaults.items():
+                if key not in TORCH_BOOKKEEPING:
+                    group.setdefault(key, value)
             # the chain reads U off the base's step as its update over -lr
             check_number("lr", group.get("lr"), low=0.0)
             check_spectra_settings(group)
-        except ValueError:
-            self.param_groups.pop()
-            raise
+
+        group = add_checked_group(self.param_groups, param_group, "Spectra", add, check)
         warn_misspelt_keys(group, self.defaults, "Spectra")
+
+    def _add_own_group(self, param_group: dict[str, Any]) -> None:
+        Optimizer.add_param_group(self, param_group)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "base": self.base}

@@ -33,10 +33,8 @@ from spectra.optim.distributed import (
     whole_parameter,
 )
 from spectra.validate import (
-    check_param_group,
+    add_checked_group,
     check_params_argument,
-    check_real_params,
-    duplicates_refused,
 )
 
 
@@ -66,17 +64,14 @@ class BaselineOptimizer(Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch's ``add_param_group``; a group that fails a check is not added."""
-        check_param_group(param_group, len(self.param_groups), type(self).__name__)
-        with duplicates_refused():
-            super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        try:
+
+        def check(group: dict[str, Any]) -> None:
             self._check_group(group)
-            check_real_params(group["params"], type(self).__name__)
             self._check_params(group)
-        except ValueError:
-            self.param_groups.pop()
-            raise
+
+        add_checked_group(
+            self.param_groups, param_group, type(self).__name__, super().add_param_group, check
+        )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
