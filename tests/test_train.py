@@ -209,6 +209,42 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(
             assert sb[i]["pre_clip_ema"] == pytest.approx(sa[i]["pre_clip_ema"], rel=1e-6)
 
 
+def test_a_capturable_run_trains_and_resumes_as_the_run_that_reads(train_dataset, tmp_path):
+    # the same job with the step that reads nothing on the host (its lr a tensor on the
+    # device), cut after step 8 and resumed, against the default step: only the clip's
+    # schedule differs (the longest one, against the one read)
+    def losses(run: Path) -> list[float]:
+        return [r["loss"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+
+    common = dict(
+        optimizer="spectra-adamw", clip_schedule="constant", steps=12, checkpoint_interval=4
+    )
+    reads = small_config(train_dataset, tmp_path / "reads", **common)
+    kwargs = {"clip_method": "polar"}
+    train(dataclasses.replace(reads, optimizer_kwargs=kwargs))
+    cfg = small_config(
+        train_dataset, tmp_path / "cap", optimizer_kwargs={**kwargs, "capturable": True}, **common
+    )
+
+    def interrupt(step, record):
+        assert isinstance(record["lr"], float)  # read with the loss
+        if step == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, on_step=interrupt)
+    assert main(["train", "--out", cfg.out_dir, "--resume"]) == 0
+    a, b = losses(tmp_path / "reads"), losses(Path(cfg.out_dir))
+    assert len(a) == len(b) == 12
+    # 1e-6 apart per clip, which twelve steps at lr 1e-2 grow to 8e-5 in the loss (measured)
+    np.testing.assert_allclose(b, a, rtol=0, atol=2e-4)
+    lrs = [r["lr"] for r in read_jsonl(Path(cfg.out_dir) / "metrics.jsonl") if r["kind"] == "train"]
+    ref = [
+        r["lr"] for r in read_jsonl(tmp_path / "reads" / "metrics.jsonl") if r["kind"] == "train"
+    ]
+    np.testing.assert_allclose(lrs, ref, rtol=1e-6)
+
+
 def test_resume_with_more_steps_follows_the_extended_schedule(train_dataset, tmp_path):
     cfg = small_config(train_dataset, tmp_path / "run", steps=10, checkpoint_interval=0)
     train(cfg)

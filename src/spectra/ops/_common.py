@@ -51,6 +51,8 @@ def compute_dtype(X: Tensor) -> torch.dtype:
     return torch.float64 if X.dtype == torch.float64 else torch.float32
 
 
+# a setting, not data: torch.compile reads it while tracing (it cannot trace the backends' API)
+@torch.compiler.assume_constant_result
 def fp32_products_are_ieee(device: torch.device) -> bool:
     """Whether float32 matrix products on ``device`` run in IEEE float32.
 

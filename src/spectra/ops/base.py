@@ -28,12 +28,16 @@ class Options:
     """A call's iteration settings, passed whole to its method.
 
     ``ns_steps`` and ``ns_dtype`` go to the iterative methods (``None``: the method's own
-    default); ``tol`` to the soft clips that iterate to a tolerance.
+    default); ``tol`` to the soft clips that iterate to a tolerance. ``capturable``: the call
+    reads nothing back to the host (no finite check, no schedule read from the data), so that
+    ``torch.compile(fullgraph=True)`` and CUDA graphs take it whole; only methods whose
+    :class:`Operator` is ``capturable`` accept it.
     """
 
     ns_steps: int | None = None
     ns_dtype: torch.dtype | None = None
     tol: float = POLAR_TOL
+    capturable: bool = False
 
 
 #: ``apply(X, c, options) -> op(X)``, on checked matrices (``c`` is None for orthogonalize)
@@ -61,6 +65,8 @@ class Operator:
         end: ``end(X, c, options, state, values)``: the rest, given the host values.
         checks_finite: ``apply`` rejects non-finite input itself (from work it does anyway, such
             as the host read of the two-phase methods); otherwise the caller checks first.
+        capturable: ``apply`` with ``options.capturable`` reads nothing on the host (a
+            non-finite input then gives a non-finite result instead of an error).
     """
 
     apply: Apply
@@ -70,6 +76,7 @@ class Operator:
     begin: Callable[[Tensor, float, Options], tuple[Tensor, Any]] | None = None
     end: Callable[[Tensor, float, Options, Any, Sequence[float]], Tensor] | None = None
     checks_finite: bool = False
+    capturable: bool = False
 
     @property
     def two_phase(self) -> bool:
@@ -93,9 +100,10 @@ def apply_checked(
 ) -> Tensor:
     """``op`` on X (shape and threshold already checked), as every entry point runs it: the
     options checked first; a 1-D X by the vector rule ``x · w(‖x‖)`` with ``vector_weight``;
-    an empty X returned as a copy; non-finite input refused."""
+    an empty X returned as a copy; non-finite input refused (passed through, with
+    ``options.capturable``: a check would read the device)."""
     op.check(options)
-    if X.dim() == 1 or not op.checks_finite:
+    if (X.dim() == 1 or not op.checks_finite) and not options.capturable:
         check_finite(X)
     if X.dim() == 1:
         return vector_rule(X, vector_weight)

@@ -173,10 +173,12 @@ def batched_apply_all_(
             out = op.end(_stack(batch), p, values[:k])
         values = values[k:]
         torch._foreach_copy_(batch, list(out.unbind(0)))
-    threads = 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
     for op, mats, cap, products in direct:
         # with threads, the CPU's batches run side by side (a matmul-only op's products use
-        # the threads themselves); the others one after another
+        # the threads themselves); the others one after another. Only they ask for the thread
+        # count, which a matmul-only (e.g. a compiled, capturable) call never does.
+        on_cpu = not products and any(X.device.type == "cpu" for X in mats)
+        threads = _threads() if on_cpu else 1
         side: list[Tensor] = []
         rest: list[Tensor] = []
         for X in mats:
@@ -185,6 +187,11 @@ def batched_apply_all_(
             _apply(op, batch, grad)
         _apply_on_cpu(op, side, cap, grad, threads)
     return True
+
+
+def _threads() -> int:
+    """The threads the CPU's batches run on: 1 while the PyTorch profiler is on."""
+    return 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
 
 
 def _stack(batch: list[Tensor]) -> Tensor:

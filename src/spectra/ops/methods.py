@@ -33,7 +33,9 @@ METHODS: dict[str, ClipMethod] = {
 OPERATORS: tuple[str, ...] = ("soft_clip", "hard_clip", "orthogonalize")
 
 
-def default_method(kind: str, device: torch.device, dtype: torch.dtype) -> str:
+def default_method(
+    kind: str, device: torch.device, dtype: torch.dtype, capturable: bool = False
+) -> str:
     """The method ``"auto"`` picks for ``kind`` on ``dtype`` input on ``device``.
 
     ``soft_clip``: on CUDA ``"polar"``; on a CPU with bf16 units (AMX, AVX-512 BF16)
@@ -42,12 +44,20 @@ def default_method(kind: str, device: torch.device, dtype: torch.dtype) -> str:
     float64 input keeps an exact method (docs/operators.md). ``hard_clip``: ``"eigh"``
     (min(σ, c) has a kink at c, which polynomial iterations resolve only slowly).
     ``orthogonalize``: ``"svd"``.
+
+    ``capturable`` (no host read): the soft clip takes ``"polar"`` where it would take
+    ``"eigh"``, and ``orthogonalize`` takes ``"polar_express"``; ``hard_clip`` has no such
+    method.
     """
     if kind == "soft_clip":
         if device.type == "cuda":
             return "polar"
-        return "mixed" if dtype != torch.float64 and has_bf16_units(device) else "eigh"
-    return "eigh" if kind == "hard_clip" else "svd"
+        if dtype != torch.float64 and has_bf16_units(device):
+            return "mixed"
+        return "polar" if capturable else "eigh"
+    if kind == "orthogonalize":
+        return "polar_express" if capturable else "svd"
+    return "eigh"
 
 
 def method_names(kind: str) -> tuple[str, ...]:
@@ -55,20 +65,42 @@ def method_names(kind: str) -> tuple[str, ...]:
     return ("auto", *(n for n, m in METHODS.items() if getattr(m, kind) is not None))
 
 
-def resolve(kind: str, method: str, device: torch.device, dtype: torch.dtype) -> str:
+def capturable_names(kind: str) -> tuple[str, ...]:
+    """The methods of ``kind`` that run without a host read, ``"auto"`` first (none for
+    ``hard_clip``)."""
+    names = tuple(n for n, m in METHODS.items() if getattr(getattr(m, kind), "capturable", False))
+    return ("auto", *names) if names else ()
+
+
+def resolve(
+    kind: str, method: str, device: torch.device, dtype: torch.dtype, capturable: bool = False
+) -> str:
     """``method`` with ``"auto"`` resolved; ValueError naming the valid ones if ``kind`` has no
-    such method."""
+    such method (with ``capturable``: no such method that runs without a host read)."""
     if kind not in OPERATORS:
         raise ValueError(f"unknown operator {kind!r}; expected one of {', '.join(OPERATORS)}")
-    if method == "auto":
-        return default_method(kind, device, dtype)
-    if getattr(METHODS.get(method), kind, None) is None:
+    if method != "auto" and getattr(METHODS.get(method), kind, None) is None:
         names = ", ".join(method_names(kind))
         raise ValueError(f"unknown {kind} method {method!r}; expected one of {names}")
-    return method
+    if capturable:
+        check_capturable(kind, method)
+    return default_method(kind, device, dtype, capturable) if method == "auto" else method
 
 
-def operator(kind: str, method: str, device: torch.device, dtype: torch.dtype) -> Operator:
+def check_capturable(kind: str, method: str) -> None:
+    """Refuse a ``kind``/``method`` pair that has no form without a host read."""
+    names = capturable_names(kind)
+    if method not in names:
+        offered = f"one of {', '.join(names)}" if names else "none: it needs an eigendecomposition"
+        raise ValueError(
+            f"{kind} method {method!r} cannot run without a host read (capturable=True); "
+            f"capturable {kind} methods: {offered}"
+        )
+
+
+def operator(
+    kind: str, method: str, device: torch.device, dtype: torch.dtype, capturable: bool = False
+) -> Operator:
     """The :class:`~spectra.ops.base.Operator` that ``kind(X, method=method)`` runs for ``dtype``
     input on ``device``."""
-    return getattr(METHODS[resolve(kind, method, device, dtype)], kind)
+    return getattr(METHODS[resolve(kind, method, device, dtype, capturable)], kind)

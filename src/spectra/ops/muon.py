@@ -69,4 +69,5 @@ def _apply(X: Tensor, c: None, options: Options) -> Tensor:
     return newton_schulz_quintic(X, ns_steps=steps, dtype=options.ns_dtype or torch.bfloat16)
 
 
-METHOD = ClipMethod("muon", orthogonalize=Operator(_apply, _gram_factor))
+#: A fixed number of steps and no check of its own: it reads nothing on the host.
+METHOD = ClipMethod("muon", orthogonalize=Operator(_apply, _gram_factor, capturable=True))

@@ -97,5 +97,6 @@ METHOD = ClipMethod(
         gram_factor=exact_gram_factor(soft_weight),
         check=lambda o: check_int("ns_steps", o.ns_steps, low=0, none_ok=True),
         with_norm=_with_norm,
+        capturable=True,  # N_s steps whatever the input, and s_max ≤ c decided on the device
     ),
 )

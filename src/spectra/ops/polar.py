@@ -206,7 +206,7 @@ def regram(
 def decide(
     Xw: Tensor | None,
     g: GramState,
-    values: Sequence[float],
+    values: Sequence[float] | None,
     tol: float,
     dtype: torch.dtype | None,
     float32_last: bool = False,
@@ -214,18 +214,18 @@ def decide(
     """Working precision and schedule from the host read ``values`` (``g.request``); with
     ``Xw=None`` (a factor from the Gram matrix alone) no ``Xh``, and G must be fine as it is.
     ``float32_last``: ``Xh`` is X itself in float32 (not float64) for non-float64 input, for a
-    last product in float32 whatever the working precision."""
-    alpha_max, ok, in_range = values
-    if not (ok and in_range):
-        check_finite(Xw if Xw is not None else g.G, "X" if Xw is not None else "G")
-    if g.split and alpha_max <= POLAR_SPLIT_MAX_ALPHA:
-        wd = torch.bfloat16
-    elif dtype is not None and not g.split:
-        wd = dtype
-    elif g.exact or alpha_max > POLAR_FP32_MAX_ALPHA:
-        wd = torch.float64
+    last product in float32 whatever the working precision.
+
+    ``values=None`` (nothing read, see :func:`capturable_precision`): the precision follows
+    from the input and the device alone, and the schedule covers every α it resolves."""
+    if values is None:
+        wd = capturable_precision(g, dtype)
+        alpha_max = POLAR_MAX_ALPHA.get(wd, 1e2)
     else:
-        wd = torch.float32
+        alpha_max, ok, in_range = values
+        if not (ok and in_range):
+            check_finite(Xw if Xw is not None else g.G, "X" if Xw is not None else "G")
+        wd = read_precision(g, alpha_max, dtype)
     if Xw is not None and wd != torch.bfloat16 and (g.split or wd != g.dtype):
         # the first Gram matrix is not accurate enough here: G (from X/scale in column blocks),
         # its bounds and the weights again in wd, on the device (the schedule keeps the α read
@@ -242,6 +242,29 @@ def decide(
     coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
     w_id = g.w_id.clamp_min(w_floor)
     return Plan(Xh, G, G2, g.scale, g.r, w_id, g.w_g, g.lam_safe, alpha_max, wd, coeffs, x_inv)
+
+
+def read_precision(g: GramState, alpha_max: float, dtype: torch.dtype | None) -> torch.dtype:
+    """The working precision once α is read: split bf16 products while ``α ≤ 1e4`` when asked,
+    ``dtype`` when asked, float64 where exact or for ``α > 1e5``, float32 otherwise."""
+    if g.split and alpha_max <= POLAR_SPLIT_MAX_ALPHA:
+        return torch.bfloat16
+    if dtype is not None and not g.split:
+        return dtype
+    if g.exact or alpha_max > POLAR_FP32_MAX_ALPHA:
+        return torch.float64
+    return torch.float32
+
+
+def capturable_precision(g: GramState, dtype: torch.dtype | None) -> torch.dtype:
+    """The working precision of a call that reads nothing (``capturable``): ``dtype`` when asked
+    (split bf16 products need α ≤ 1e4, which is not known: float32 then), float64 where the
+    default would always choose it (float64 input, a device whose float32 products are not
+    IEEE), float32 otherwise; α beyond 1e5 does not switch it to float64 (see
+    :func:`TwoPhase.capturable`)."""
+    if dtype is not None and not g.split:
+        return dtype
+    return torch.float64 if g.exact and not g.split else torch.float32
 
 
 def _polar_plan(Xw: Tensor, c: float, tol: float, dtype: torch.dtype | None) -> Plan:
@@ -363,8 +386,24 @@ class TwoPhase:
         return self.finish(X, c, plan), g
 
     def apply(self, X: Tensor, c: float, options: Options) -> Tensor:
+        if options.capturable:
+            return self.capturable(X, c, options)
         request, g = self.begin(X, c, options)
         return self.end(X, c, options, g, request.tolist())  # rejects non-finite input
+
+    def capturable(self, X: Tensor, c: float, options: Options) -> Tensor:
+        r"""``H_c(X)`` with nothing read on the host: α is not read, so the schedule is the
+        one for the largest α the working precision resolves (``POLAR_MAX_ALPHA``: 1e6 in
+        float32, 7 quintic steps at ``tol=1e-3``, against 2 for ``α ≤ 10``, 3 for 100 and 4
+        for 1e3 when read), and the precision is not raised to float64 for ``α > 1e5``
+        (:func:`capturable_precision`): there the error grows like ``ε₃₂·α``. A quintic
+        schedule for an interval ``[ℓ, 1]`` also brings every narrower interval within
+        ``tol``, so a smaller α loses nothing but the extra steps. Non-finite input gives a
+        non-finite result. The Gram matrix is formed from ``X/scale`` (no range check)."""
+        Xw = wide_view(X)[0]
+        g = gram_state(Xw, c, self.gram_dtype(options), direct=False)
+        plan = decide(Xw, g, None, options.tol, self.gram_dtype(options), self.float32_last)
+        return self.finish(X, c, plan)
 
     def with_norm(self, X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:
         """``(H_c(X), s_max)`` with the bound ``s_max`` that set α (float64, one per matrix)."""
@@ -376,7 +415,7 @@ class TwoPhase:
         """The :class:`~spectra.ops.base.Operator` of a method that runs this way."""
         return Operator(
             self.apply, gram_factor, check=check_tol, with_norm=self.with_norm,
-            begin=self.begin, end=self.end, checks_finite=True,
+            begin=self.begin, end=self.end, checks_finite=True, capturable=True,
         )  # fmt: skip
 
 

@@ -60,4 +60,8 @@ def _apply(X: Tensor, c: None, options: Options) -> Tensor:
     return polar_express(X, ns_steps=_steps(options), dtype=options.ns_dtype or torch.float32)
 
 
-METHOD = ClipMethod("polar_express", orthogonalize=Operator(_apply, _gram_factor, check=_check))
+#: A fixed number of steps and no check of its own: it reads nothing on the host.
+METHOD = ClipMethod(
+    "polar_express",
+    orthogonalize=Operator(_apply, _gram_factor, check=_check, capturable=True),
+)

@@ -52,6 +52,7 @@ class SoftClipKeywords(TypedDict, total=False):
     ns_steps: int
     ns_dtype: torch.dtype | None
     tol: float
+    capturable: bool
 
 
 def soft_clip_method(method: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
@@ -71,6 +72,7 @@ def soft_clip(
     ns_steps: int = 10,
     ns_dtype: torch.dtype | None = None,
     tol: float = POLAR_TOL,
+    capturable: bool = False,
 ) -> Tensor:
     r"""Soft spectral clipping ``H_c(X) = (I + XXᵀ/c²)^{-1/2} X``.
 
@@ -94,11 +96,18 @@ def soft_clip(
             ``torch.bfloat16``: split bf16 products while ``α ≤ 1e4``, see
             :func:`soft_clip_polar`) and ``method="eigh"`` (default: chosen from σ_max/c).
         tol: relative error per singular direction that ``"polar"`` and ``"mixed"`` iterate to.
+        capturable: read nothing back to the host, so that ``torch.compile(fullgraph=True)``
+            and CUDA graphs take the call whole: methods ``"polar"``, ``"mixed"`` (their
+            schedule then covers every α their precision resolves, see
+            :meth:`spectra.ops.polar.TwoPhase.capturable`) and ``"paper"``; ``"auto"`` takes
+            ``"polar"`` where it would take ``"eigh"``. Non-finite input then gives a
+            non-finite result instead of a ``ValueError``.
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    op = operator("soft_clip", method, X.device, X.dtype)
-    return apply_checked(op, X, c, Options(ns_steps, ns_dtype, tol), soft_weight(c))
+    op = operator("soft_clip", method, X.device, X.dtype, capturable)
+    options = Options(ns_steps, ns_dtype, tol, capturable)
+    return apply_checked(op, X, c, options, soft_weight(c))
 
 
 @dataclass
@@ -127,12 +136,12 @@ def soft_clip_begin(X: Tensor, c: float, **kwargs: Unpack[SoftClipKeywords]) -> 
     method, options = _keywords(**kwargs)
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    method = resolve("soft_clip", method, X.device, X.dtype)
+    method = resolve("soft_clip", method, X.device, X.dtype, options.capturable)
     op = METHODS[method].soft_clip
     op.check(options)
     pending = SoftClipPending(torch.empty(0, dtype=torch.float64, device=X.device), c, method,
                               options)  # fmt: skip
-    if op.two_phase and X.dim() > 1 and X.numel():
+    if op.two_phase and X.dim() > 1 and X.numel() and not options.capturable:
         pending.request, pending.state = op.begin(X, c, options)
     return pending
 
@@ -141,7 +150,7 @@ def soft_clip_end(X: Tensor, pending: SoftClipPending, values: Sequence[float]) 
     """The second half of :func:`soft_clip_begin`: ``H_c(X)`` for the same ``X``, given the
     host values of ``pending.request``."""
     p = pending
-    op = operator("soft_clip", p.method, X.device, X.dtype)
+    op = operator("soft_clip", p.method, X.device, X.dtype, p.options.capturable)
     if p.state is None:
         return apply_checked(op, X, p.c, p.options, soft_weight(p.c))
     return op.end(X, p.c, p.options, p.state, values)
@@ -166,6 +175,8 @@ def soft_clip_with_norm(
     ``H_c(X)`` is exactly what :func:`soft_clip` returns.
     """
     method, options = _keywords(**kwargs)
+    if options.capturable:
+        raise ValueError("soft_clip_with_norm reads its σ̂_max; it takes no capturable=True")
     check_matrix_input(X)
     c = check_threshold(c, "c")
     op = operator("soft_clip", method, X.device, X.dtype)
@@ -186,9 +197,10 @@ def _keywords(
     ns_steps: int = 10,
     ns_dtype: torch.dtype | None = None,
     tol: float = POLAR_TOL,
+    capturable: bool = False,
 ) -> tuple[str, Options]:
     """:func:`soft_clip`'s keyword arguments, for the entry points that take them as they are."""
-    return method, Options(ns_steps, ns_dtype, tol)
+    return method, Options(ns_steps, ns_dtype, tol, capturable)
 
 
 # --------------------------------------------------------------------------- hard clip
@@ -218,6 +230,7 @@ def orthogonalize(
     method: OrthMethod = "auto",
     ns_steps: int = 5,
     ns_dtype: torch.dtype | None = None,
+    capturable: bool = False,
 ) -> Tensor:
     r"""Orthogonalization ``orth(X) = UVᵀ``, Muon's operator.
 
@@ -233,13 +246,14 @@ def orthogonalize(
             for ``σ/‖X‖_F ≥ 10⁻³``). The bands are computed in docs/operators.md.
         ns_steps: iterations of the ``"muon"``/``"polar_express"`` schedules.
         ns_dtype: working precision of the iterative methods.
+        capturable: read nothing back to the host (``"muon"``, ``"polar_express"``; ``"auto"``
+            takes ``"polar_express"``); non-finite input then gives a non-finite result.
     """
     check_matrix_input(X)
     check_int("ns_steps", ns_steps, low=0)
-    op = operator("orthogonalize", method, X.device, X.dtype)
-    return apply_checked(
-        op, X, None, Options(ns_steps, ns_dtype), lambda r: torch.where(r > 0, 1 / r, 0.0)
-    )
+    op = operator("orthogonalize", method, X.device, X.dtype, capturable)
+    options = Options(ns_steps, ns_dtype, capturable=capturable)
+    return apply_checked(op, X, None, options, lambda r: torch.where(r > 0, 1 / r, 0.0))
 
 
 # --------------------------------------------------------------------------- other clips

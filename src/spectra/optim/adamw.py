@@ -37,7 +37,7 @@ def adam_direction(
     grads: list[Tensor],
     exp_avgs: list[Tensor],
     exp_avg_sqs: list[Tensor],
-    steps: list[int],
+    steps: list[int] | list[Tensor],
     beta1: float,
     beta2: float,
     eps: float,
@@ -46,13 +46,16 @@ def adam_direction(
     r"""Adam's moment updates and direction, written into ``out``.
 
     ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``,
-    ``U = (m/(1−β₁ᵗ)) / (√v/√(1−β₂ᵗ) + ε)``. ``out`` may alias ``grads``.
+    ``U = (m/(1−β₁ᵗ)) / (√v/√(1−β₂ᵗ) + ε)``. ``out`` may alias ``grads``. ``steps`` are ints,
+    or 0-d tensors on the device (a capturable step), whose bias corrections stay there.
     """
     adam_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
     # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars.
-    bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in steps]
+    on_device = bool(steps) and torch.is_tensor(steps[0])
+    sqrt = torch.sqrt if on_device else math.sqrt
+    bc2_sqrt = [sqrt(1.0 - beta2**t) for t in steps]
     factors = [b / (1.0 - beta1**t) for b, t in zip(bc2_sqrt, steps, strict=True)]
-    if out and out[0].device.type in PER_TENSOR_DEVICES:
+    if out and out[0].device.type in PER_TENSOR_DEVICES and not on_device:
         # three passes over memory a tensor: √v, + ε√(1−β₂ᵗ), then 0 + k·m/denominator in one
         # addcdiv (whose input is a 0-d zero); the six foreach passes below took 4.5 ms
         # against 3.1 at the main job's shapes on the CPU (two threads)
@@ -117,6 +120,7 @@ class AdamW(SpectraOptimizer):
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     _directions_keep_nonfinite = True
+    _capturable_directions = True
 
     def _direction(self, group, params, grads, states, out) -> None:
         beta1, beta2 = group["betas"]

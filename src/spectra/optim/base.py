@@ -9,7 +9,8 @@ A subclass supplies the base direction:
 
 * ``__init__(params, <its hyperparameters>, **options)`` passes its hyperparameters as a dict
   and ``options`` as they are to ``SpectraOptimizer.__init__``, which takes the engine options
-  (``nonfinite``, ``batch_elements``, ``chunk_elements``, ``split_work``) by name and treats
+  (``nonfinite``, ``batch_elements``, ``chunk_elements``, ``split_work``, ``capturable``) by
+  name and treats
   every other keyword as a SPECTRA setting;
 * ``_init_state(group, p, state)`` creates the state buffers of ``p`` (``state["step"]`` is
   added and counted here; it is 1 during the first step);
@@ -67,7 +68,7 @@ from spectra.validate import (
 
 NONFINITE_POLICIES = ("raise", "skip")
 #: Keyword options of every constructor that set how a step runs rather than its math.
-ENGINE_OPTIONS = ("nonfinite", "batch_elements", "chunk_elements", "split_work")
+ENGINE_OPTIONS = ("nonfinite", "batch_elements", "chunk_elements", "split_work", "capturable")
 #: Keys torch.optim.Optimizer.__setstate__ adds to ``defaults`` for its own optimizers.
 TORCH_BOOKKEEPING = ("differentiable",)
 
@@ -93,9 +94,10 @@ class NonFiniteError(FloatingPointError):
         return type(self), (self.fact, self.step)
 
 
-def step_counter(value: float = 0.0) -> Tensor:
-    """A step count as torch's optimizers keep it: a float32 0-d tensor on the CPU."""
-    return torch.tensor(float(value), dtype=torch.float32)
+def step_counter(value: float = 0.0, device: torch.device | None = None) -> Tensor:
+    """A step count as torch's optimizers keep it: a float32 0-d tensor, on the CPU (or, for a
+    capturable step, on the parameter's ``device``)."""
+    return torch.tensor(float(value), dtype=torch.float32, device=device)
 
 
 class SpectraOptimizer(Optimizer):
@@ -105,14 +107,18 @@ class SpectraOptimizer(Optimizer):
         params: parameters or param groups.
         defaults: the base optimizer's hyperparameters; the SPECTRA settings are merged in
             (see :data:`spectra.optim.settings.SPECTRA_DEFAULTS`).
-        nonfinite: ``"raise"`` (default) raises ``FloatingPointError`` when a gradient or a
+        nonfinite: ``"raise"`` (the default without ``capturable``) raises
+            ``FloatingPointError`` when a gradient or a
             base direction holds inf/nan, before any parameter changes; ``"skip"`` leaves the
             parameters untouched for that step, warns and counts it in
             ``num_skipped_steps``. Under ``"skip"`` a non-finite gradient also leaves the state
             untouched, at the cost of a host read of its own before the state changes; under
             ``"raise"`` in one process the gradients' check is read with the step's one host
             read, after the base optimizer updated its state. A non-finite direction is
-            always found after the state was updated.
+            always found after the state was updated. Under ``capturable`` (where it defaults
+            to ``"skip"``, and ``"raise"`` is refused) the check stays on the device: the
+            parameters do not move on such a step, the state has taken it, no warning is
+            given, and ``num_skipped_steps`` is a 0-d tensor on the parameters' device.
         batch_elements: at most this many elements (or one matrix, if larger) go through a
             spectral operator at once, bounding the step's transient memory; ``None``
             (default) is 1/32 of all the step's clipped matrices.
@@ -129,6 +135,15 @@ class SpectraOptimizer(Optimizer):
             process group with more than one rank is initialised; the first step checks that
             the parameters agree across ranks. ``DTensor`` parameters (FSDP2) are always
             assembled and clipped by one owner rank each, whatever this setting.
+        capturable: a step that reads nothing back to the host, as ``capturable=True`` in
+            torch's optimizers: ``torch.compile(opt.step, fullgraph=True)`` takes it whole and
+            CUDA graphs can capture it. The step counts live on the parameters' device, a
+            tensor ``lr`` (on that device) is read live on every step, the spectral operators
+            run without host reads (methods ``"polar"``, ``"mixed"``, ``"paper"``, ``"muon"``,
+            ``"polar_express"``; ``"auto"`` picks one: see :func:`spectra.ops.soft_clip`), and
+            inf/nan is handled on the device (``nonfinite``). Clip schedules, the adaptive
+            pre-clip and ``hard_clip`` are refused (they need the host), and so are
+            ``DTensor`` parameters; in a process group each rank clips every matrix itself.
         **spectra: SPECTRA settings (see :mod:`spectra.optim.settings`); any other keyword is
             refused with a ``ValueError`` that names it.
     """
@@ -139,10 +154,11 @@ class SpectraOptimizer(Optimizer):
         defaults: dict[str, Any],
         /,
         *,
-        nonfinite: str = "raise",
+        nonfinite: str | None = None,
         batch_elements: int | None = None,
         chunk_elements: int | None = None,
         split_work: bool = True,
+        capturable: bool = False,
         **spectra: Any,
     ) -> None:
         unknown = set(spectra) - set(SPECTRA_DEFAULTS)
@@ -151,10 +167,22 @@ class SpectraOptimizer(Optimizer):
                 f"{type(self).__name__}: unknown options {sorted(unknown)} (SPECTRA settings: "
                 f"{', '.join(SPECTRA_DEFAULTS)}; engine options: {', '.join(ENGINE_OPTIONS)})"
             )
+        capturable = check_choice("capturable", capturable, (True, False))
+        if capturable and not self._capturable_directions:
+            raise ValueError(f"{type(self).__name__} has no capturable step (capturable=True)")
+        if capturable and nonfinite == "raise":
+            raise ValueError(
+                "nonfinite='raise' needs a host read, which capturable=True leaves out: under "
+                "capturable a step with inf or nan is skipped on the device (nonfinite='skip', "
+                "its default)"
+            )
+        if nonfinite is None:
+            nonfinite = "skip" if capturable else "raise"
         defaults = {
             **defaults,
             **SPECTRA_DEFAULTS,
             **spectra,
+            "capturable": capturable,
             "nonfinite": check_choice("nonfinite", nonfinite, NONFINITE_POLICIES),
             "batch_elements": check_int("batch_elements", batch_elements, low=1, none_ok=True),
             "chunk_elements": check_int("chunk_elements", chunk_elements, low=1, none_ok=True),
@@ -219,6 +247,9 @@ class SpectraOptimizer(Optimizer):
         params = [p for _, ps in work for p in ps]
         if not params:
             return loss
+        if self.defaults["capturable"]:
+            self._capturable_step(work, params)
+            return loss
         grads = [local(p.grad) for p in params]
         group = split_group(params, self.defaults["split_work"])
         sharded = shard_group(params)
@@ -263,6 +294,30 @@ class SpectraOptimizer(Optimizer):
             self._stopped(params, gradient, applied=len(chunks_seen) > 1)
         return loss
 
+    def _capturable_step(self, work: Work, params: list[Tensor]) -> None:
+        """The step with ``capturable``: the chain with its finite check on the device."""
+        for i, p in enumerate(params):
+            if is_sharded(p):
+                raise ValueError(
+                    f"{type(self).__name__}(capturable=True) takes no DTensor parameters: "
+                    f"parameter {i} (shape {tuple(p.shape)}) is one; its whole matrix is "
+                    "assembled across ranks"
+                )
+        grads = [p.grad for p in params]
+        moved = spectra_step(
+            params,
+            grads,
+            self._plans(work),
+            lambda idx, g: self._directions(work, idx, g),
+            chunk_elements=self._chunk_elements(params),
+            batch_elements=self.defaults["batch_elements"],
+            capturable=True,
+        )
+        skipped = self.num_skipped_steps
+        if not torch.is_tensor(skipped) or skipped.device != moved.device:
+            skipped = torch.full((), int(skipped), dtype=torch.int64, device=moved.device)
+        self.num_skipped_steps = skipped.add_((~moved).to(torch.int64))
+
     def _stopped(self, params: list[Tensor], gradient: bool, applied: bool) -> None:
         """Word a step that the chain stopped: ``gradient``, whether a gradient (rather than a
         direction) held inf or nan; ``applied``, whether earlier chunks were applied."""
@@ -279,6 +334,8 @@ class SpectraOptimizer(Optimizer):
 
     #: Whether the direction link accepts sparse gradients (the wrapper's base may).
     _sparse_directions = False
+    #: Whether ``_direction`` takes the step count as a 0-d device tensor (``capturable``).
+    _capturable_directions = False
     #: Whether a non-finite gradient entry always gives a non-finite direction entry (moments
     #: that take ``g`` and ``g²`` with positive weights and a ratio of them: AdamW, AdEMAMix,
     #: MARS, SGD-M; not a sign), so that the directions' finite check also checks the
@@ -321,16 +378,19 @@ class SpectraOptimizer(Optimizer):
         for group, params in work:
             for p in params:
                 state = self.state[p]
+                device = p.device if group["capturable"] else None
                 if len(state) == 0:
-                    state["step"] = step_counter()
+                    state["step"] = step_counter(device=device)
                     self._init_state(group, p, state)
                 if not torch.is_tensor(state["step"]):  # a state saved with a plain int
-                    state["step"] = step_counter(state["step"])
+                    state["step"] = step_counter(state["step"], device)
                 if adaptive_pre(group, p):
                     # a float, which load_state_dict keeps as saved (it casts tensors)
                     state.setdefault("pre_clip_ema", 0.0)
                 state["step"].add_(1)  # a float32 0-d tensor, as torch's optimizers keep it
-                plans.append(self.param_plan(group, p, int(state["step"]) - 1))
+                # capturable: the count stays on the device; no schedule reads it (refused)
+                step = 0 if group["capturable"] else int(state["step"]) - 1
+                plans.append(self.param_plan(group, p, step))
         return plans
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:
@@ -350,9 +410,10 @@ class SpectraOptimizer(Optimizer):
                 end += 1
             params = [where[i][1] for i in idx[start:end]]
             # The math acts on local shards (the state stays DTensor for checkpoints) and sees
-            # the step count as an int.
+            # the step count as an int (a 0-d device tensor under capturable).
+            count = (lambda v: v) if group["capturable"] else int
             states = [
-                {k: int(v) if k == "step" else local(v) for k, v in self.state[p].items()}
+                {k: count(v) if k == "step" else local(v) for k, v in self.state[p].items()}
                 for p in params
             ]
             # Contiguous, so that the spectral links can view each as its (m, n) matrix.
@@ -399,6 +460,11 @@ class SpectraOptimizer(Optimizer):
         owner = type(self).__name__
 
         def check(group: dict[str, Any]) -> None:
+            if group["capturable"] != self.defaults["capturable"]:
+                raise ValueError(
+                    f"capturable={group['capturable']!r} in a param group: it is set for the "
+                    f"whole optimizer (capturable={self.defaults['capturable']!r})"
+                )
             check_spectra_settings(group)
             self._check_group(group)
 
@@ -434,8 +500,21 @@ class SpectraOptimizer(Optimizer):
         """
         self._check_loaded_state(state_dict)
         built = schedules_of(self.param_groups)
+        tensor_lrs = [torch.is_tensor(group["lr"]) for group in self.param_groups]
         super().load_state_dict(state_dict)
         keep_schedules(self.param_groups, built)
+        for group, tensor_lr in zip(self.param_groups, tensor_lrs, strict=True):
+            # capturable is set for the whole optimizer, as it was built
+            group["capturable"] = self.defaults["capturable"]
+            if tensor_lr and group["params"]:
+                # the saved lr, as a tensor where the step reads it (on the device for a
+                # capturable step), whatever the saved run kept
+                lr, device = group["lr"], group["params"][0].device
+                group["lr"] = (
+                    lr.to(device)
+                    if torch.is_tensor(lr)
+                    else torch.tensor(float(lr), dtype=torch.float32, device=device)
+                )
 
     def _check_loaded_state(self, state_dict: Any) -> None:
         name = f"{type(self).__name__}.load_state_dict"

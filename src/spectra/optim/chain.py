@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -176,25 +176,65 @@ def post_operator_(
     return _apply_ops(updates, plans, [pl.post for pl in plans], batch_elements, group, finite)
 
 
-def decay_weights_(params: list[Tensor], plans: Sequence[ParamPlan]) -> None:
-    """``X ← (1 − λη) X``."""
-    factors = [1.0 - pl.lr * pl.weight_decay for pl in plans]
-    decayed = [(p, f) for p, f in zip(params, factors, strict=True) if f != 1.0]
-    if decayed:
-        torch._foreach_mul_([p for p, _ in decayed], [f for _, f in decayed])
+def decay_weights_(
+    params: list[Tensor], plans: Sequence[ParamPlan], keep: Tensor | None = None
+) -> None:
+    """``X ← (1 − λη) X``; with ``keep`` (a 0-d bool tensor) only where it holds True."""
+    if keep is None and not any(torch.is_tensor(pl.lr) for pl in plans):
+        factors = [1.0 - pl.lr * pl.weight_decay for pl in plans]
+        decayed = [(p, f) for p, f in zip(params, factors, strict=True) if f != 1.0]
+        if decayed:
+            torch._foreach_mul_([p for p, _ in decayed], [f for _, f in decayed])
+        return
+    for lr, wd, idx in _by_scalars(plans, lambda pl: pl.weight_decay):
+        ps = [params[i] for i in idx]
+        factor = 1.0 - lr * wd
+        if keep is not None:
+            factor = torch.where(keep, factor, 1.0)
+        torch._foreach_mul_(ps, factor)
 
 
-def add_update_(params: list[Tensor], updates: list[Tensor], plans: Sequence[ParamPlan]) -> None:
-    """``X ← X − αη · U``, one foreach call per distinct coefficient."""
-    by_coef: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
-    for p, u, pl in zip(params, updates, plans, strict=True):
-        coef = -pl.scale * pl.lr
-        if coef != 0.0:
-            ps, us = by_coef.setdefault(coef, ([], []))
-            ps.append(p)
-            us.append(u)
-    for coef, (ps, us) in by_coef.items():
-        torch._foreach_add_(ps, us, alpha=coef)
+def add_update_(
+    params: list[Tensor],
+    updates: list[Tensor],
+    plans: Sequence[ParamPlan],
+    keep: Tensor | None = None,
+) -> None:
+    """``X ← X − αη · U``, one foreach call per distinct coefficient; with ``keep`` (a 0-d bool
+    tensor) only where it holds True (the updates, which may then hold inf or nan, are zeroed
+    in place where it holds False)."""
+    if keep is None and not any(torch.is_tensor(pl.lr) for pl in plans):
+        by_coef: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
+        for p, u, pl in zip(params, updates, plans, strict=True):
+            coef = -pl.scale * pl.lr
+            if coef != 0.0:
+                ps, us = by_coef.setdefault(coef, ([], []))
+                ps.append(p)
+                us.append(u)
+        for coef, (ps, us) in by_coef.items():
+            torch._foreach_add_(ps, us, alpha=coef)
+        return
+    if keep is not None:
+        for u in updates:
+            u.masked_fill_(~keep, 0.0)
+    for lr, scale, idx in _by_scalars(plans, lambda pl: pl.scale):
+        us = [updates[i] for i in idx]
+        torch._foreach_mul_(us, -scale * lr)
+        torch._foreach_add_([params[i] for i in idx], us)
+
+
+def _by_scalars(
+    plans: Sequence[ParamPlan], second: Callable[[ParamPlan], float]
+) -> list[tuple[float | Tensor, float, list[int]]]:
+    """``(lr, second(plan), positions)`` for each distinct pair (a tensor lr by identity,
+    never compared by value), those with a zero second scalar left out: each takes one foreach
+    call."""
+    groups: dict[tuple[Any, float], tuple[float | Tensor, list[int]]] = {}
+    for i, pl in enumerate(plans):
+        if second(pl) != 0.0:
+            key = (id(pl.lr) if torch.is_tensor(pl.lr) else pl.lr, second(pl))
+            groups.setdefault(key, (pl.lr, []))[1].append(i)
+    return [(lr, key[1], idx) for key, (lr, idx) in groups.items()]
 
 
 def finite_flag(tensors: Sequence[Tensor]) -> Tensor | None:
@@ -256,7 +296,8 @@ def spectra_step(
     batch_elements: int | None = None,
     group: ProcessGroup | None = None,
     finite: Tensor | None = None,
-) -> bool:
+    capturable: bool = False,
+) -> bool | Tensor:
     r"""One SPECTRA step: ``X ← (1 − λη)X − αη · post(direction(pre(g)))``, in place.
 
     Args:
@@ -277,6 +318,10 @@ def spectra_step(
 
         finite: a 0-d bool tensor that must hold True for any parameter to move (for example
             whether the gradients were finite), read with the first chunk's finite check.
+        capturable: read nothing back to the host (one process, operators with
+            ``capturable`` set, parameters on one device): each chunk's parameters move only
+            where its gradients and directions are finite, decided on the device, and the
+            return value is a 0-d bool tensor, whether every chunk moved.
 
     Returns ``False`` when a direction holds inf or nan, or ``finite`` holds False, before that
     chunk's parameters change (with ``chunk_elements=None``: before any parameter changes);
@@ -303,6 +348,8 @@ def spectra_step(
         spectral = [pl.shape is not None and (pl.pre or pl.post) is not None for pl in plans]
         seen = sum(n for n, s in zip(sizes, spectral, strict=True) if s)
         batch_elements = max(1, -(-seen // BATCH_FRACTION))
+    if capturable:
+        return _capturable_step(params, grads, plans, direction, chunk_elements, batch_elements)
     for idx in chunks(sizes, chunk_elements):
         ps, pls = [params[i] for i in idx], [plans[i] for i in idx]
         updates = direction(idx, pre_clip([grads[i] for i in idx], pls, batch_elements, group))
@@ -319,6 +366,30 @@ def spectra_step(
         add_update_(ps, updates, pls)
         del updates
     return True
+
+
+def _capturable_step(
+    params: list[Tensor],
+    grads: list[Tensor],
+    plans: Sequence[ParamPlan],
+    direction: Direction,
+    chunk_elements: int | None,
+    batch_elements: int | None,
+) -> Tensor:
+    """:func:`spectra_step` with ``capturable``: the same links, with the finite check kept on
+    the device and applied as a mask instead of read."""
+    moved = None
+    for idx in chunks([p.numel() for p in params], chunk_elements):
+        ps, pls = [params[i] for i in idx], [plans[i] for i in idx]
+        gs = [grads[i] for i in idx]
+        updates = direction(idx, pre_clip(gs, pls, batch_elements))
+        keep = finite_flag(gs + updates)
+        post_operator_(updates, pls, batch_elements)
+        decay_weights_(ps, pls, keep)
+        add_update_(ps, updates, pls, keep)
+        moved = keep if moved is None else moved & keep
+        del updates
+    return moved if moved is not None else torch.ones((), dtype=torch.bool)
 
 
 def matrix_shape(p: Tensor, clip_vectors: bool = False) -> tuple[int, int] | None:

@@ -38,6 +38,7 @@ class SpectralOp:
     ``orthogonalize``); ``c`` is its threshold (unused by ``orthogonalize``). ``ns_steps`` and
     ``ns_dtype``, when given, go to the iterative methods of ``soft_clip`` and
     ``orthogonalize`` (e.g. the paper's N_s and precision for ``method="paper"``).
+    ``capturable``: the operator reads nothing back to the host (see :func:`spectra.ops.soft_clip`).
     """
 
     kind: PostKind
@@ -45,6 +46,7 @@ class SpectralOp:
     method: str = "auto"
     ns_steps: int | None = None
     ns_dtype: torch.dtype | None = None
+    capturable: bool = False
 
     def _iteration(self) -> dict[str, Any]:
         iteration: dict[str, Any] = {}
@@ -52,6 +54,8 @@ class SpectralOp:
             iteration["ns_steps"] = self.ns_steps
         if self.ns_dtype is not None:
             iteration["ns_dtype"] = self.ns_dtype
+        if self.capturable:
+            iteration["capturable"] = True
         return iteration
 
     def __call__(self, U: Tensor) -> Tensor:
@@ -74,13 +78,15 @@ class SpectralOp:
         """Whether this operator runs on matrices like ``X`` in two halves around a host read
         (its method's row in :data:`spectra.ops.METHODS` says so: a soft clip by ``"polar"`` or
         ``"mixed"``, or ``"auto"`` where it picks one of them), with matrix products only; such
-        methods run fastest on large batches."""
-        return operator(self.kind, self.method, X.device, X.dtype).two_phase
+        methods run fastest on large batches. Every capturable method has products only."""
+        return self.capturable or operator(self.kind, self.method, X.device, X.dtype).two_phase
 
     def deferred(self, X: Tensor) -> bool:
         """Whether :func:`spectra.ops.batched_apply_all_` runs this operator on matrices like
         ``X`` in two halves around one host read: :meth:`matmul_only`, off the CPU (see
         :data:`READ_ONCE_ON_CPU`)."""
+        if self.capturable:
+            return False
         return (X.device.type != "cpu" or READ_ONCE_ON_CPU) and self.matmul_only(X)
 
     def begin(self, U: Tensor) -> SoftClipPending:
@@ -96,7 +102,8 @@ class ParamPlan:
     """One parameter's links for one step.
 
     Attributes:
-        lr: η (including any per-parameter scale).
+        lr: η (including any per-parameter scale); a 0-d tensor on the parameters' device
+            under ``capturable``, where the group's lr is one.
         weight_decay: λ; the weights are multiplied by ``1 − λη``.
         shape: the ``(m, n)`` matrix the spectral links see; ``None`` when they skip it.
         pre: the operator on the raw gradient, or ``None``.
@@ -110,7 +117,7 @@ class ParamPlan:
         pre_beta: β of that running scale.
     """
 
-    lr: float
+    lr: float | Tensor
     weight_decay: float = 0.0
     shape: tuple[int, int] | None = None
     pre: SpectralOp | None = None

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops.base import Options
-from spectra.ops.methods import method_names, operator
+from spectra.ops.methods import check_capturable, method_names, operator
 from spectra.optim.chain import default_scale, matrix_shape
 from spectra.optim.distributed import is_sharded
 from spectra.optim.plan import POST_KINDS, ParamPlan, SpectralOp
@@ -124,12 +124,42 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
             op.check(Options(group["clip_ns_steps"], ns_dtype_of(group["clip_ns_dtype"])))
         except ValueError as err:
             raise ValueError(f"clip_method={group['clip_method']!r}: {err}") from None
+    if group.get("capturable"):
+        check_capturable_settings(group, kinds)
+
+
+def check_capturable_settings(group: dict[str, Any], kinds: set[str]) -> None:
+    """Refuse the settings a step without host reads cannot follow: schedules (a Python
+    function of the step count, which stays on the device), the adaptive pre-clip (it reads
+    each gradient's scale) and methods that need a host read."""
+    for key in SCHEDULE_KEYS:
+        if group[key] is not None:
+            raise ValueError(
+                f"capturable=True: {key}={group[key]!r} is a function of the step count, which "
+                "stays on the device; give a constant threshold (or step without capturable)"
+            )
+    if group["pre_clip_kappa"] is not None:
+        raise ValueError(
+            f"capturable=True: pre_clip_kappa={group['pre_clip_kappa']!r} (the adaptive "
+            "pre-clip) reads each gradient's scale on the host; give pre_clip_c instead"
+        )
+    for kind in sorted(kinds):
+        try:
+            check_capturable(kind, group["clip_method"])
+        except ValueError as err:
+            raise ValueError(f"capturable=True: {err}") from None
 
 
 def op_of(group: dict[str, Any], kind: str, c: float | None) -> SpectralOp:
-    """The operator ``kind`` at threshold ``c`` with the group's method and iteration settings."""
+    """The operator ``kind`` at threshold ``c`` with the group's method and iteration settings
+    (and, under ``capturable``, without host reads)."""
     return SpectralOp(
-        kind, c, group["clip_method"], group["clip_ns_steps"], ns_dtype_of(group["clip_ns_dtype"])
+        kind,
+        c,
+        group["clip_method"],
+        group["clip_ns_steps"],
+        ns_dtype_of(group["clip_ns_dtype"]),
+        bool(group.get("capturable", False)),
     )
 
 
@@ -173,7 +203,12 @@ def plan(
     its running scale from (and its link updates).
     """
     shape = matrix_shape(p, group["clip_params"] == "all")
-    lr = float(group["lr"]) * lr_scale
+    lr = group["lr"]
+    if group.get("capturable") and torch.is_tensor(lr):
+        # a tensor lr stays on its device: a captured step reads its live value
+        lr = lr if lr_scale == 1.0 else lr * lr_scale
+    else:
+        lr = float(lr) * lr_scale
     wd = float(group.get("weight_decay", 0.0)) if weight_decay is None else weight_decay
     if shape is None:
         return ParamPlan(lr, wd)
@@ -222,6 +257,8 @@ def clip_threshold(
     for group in groups:
         if group["post"] == "orthogonalize" or group["clip_c"] is None:
             continue
+        if step is None and group["clip_schedule"] is None:
+            step = 0  # c_k = c: no need to read the counts (on the device under capturable)
         if step is None:
             taken = [int(state[p]["step"]) for p in group["params"] if "step" in state.get(p, {})]
             step = max(taken, default=0)

@@ -49,10 +49,15 @@ class SGDM(SpectraOptimizer):
         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     _directions_keep_nonfinite = True
+    _capturable_directions = True
 
     def _direction(self, group, params, grads, states, out) -> None:
         # At a parameter's first step the new gradient's weight is 1, so M₀ = g(X₀).
-        weights = [1.0 if s["step"] == 1 else 1.0 - group["momentum"] for s in states]
         bufs = [s["momentum_buffer"] for s in states]
-        torch._foreach_lerp_(bufs, grads, weights)
+        mu = group["momentum"]
+        if states and torch.is_tensor(states[0]["step"]):  # capturable: the count on the device
+            for b, g, s in zip(bufs, grads, states, strict=True):
+                b.lerp_(g, torch.where(s["step"] == 1, 1.0, 1.0 - mu).to(b.dtype))
+        else:
+            torch._foreach_lerp_(bufs, grads, [1.0 if s["step"] == 1 else 1.0 - mu for s in states])
         torch._foreach_copy_(out, bufs)

@@ -65,6 +65,8 @@ class Signum(SpectraOptimizer):
     def _init_state(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
         state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    _capturable_directions = True  # the step count plays no part
+
     def _direction(self, group, params, grads, states, out) -> None:
         bufs = [s["momentum_buffer"] for s in states]
         signum_direction(grads, bufs, group["momentum"], group["nesterov"], out)

@@ -323,7 +323,13 @@ def build_optimizer(
     """
     recipe = check_optimizer(cfg)
     groups = recipe.groups(param_groups(model, cfg), cfg, lr_lambda)
-    return recipe.optimizer(groups, lr=cfg.lr, **{**recipe.defaults, **cfg.optimizer_kwargs})
+    optimizer = recipe.optimizer(groups, lr=cfg.lr, **{**recipe.defaults, **cfg.optimizer_kwargs})
+    if optimizer.defaults.get("capturable"):
+        # a capturable step reads each group's lr live from a tensor on the parameters' device
+        for group in optimizer.param_groups:
+            device = group["params"][0].device
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+    return optimizer
 
 
 def clip_threshold(optimizer: torch.optim.Optimizer) -> float | None:

@@ -137,6 +137,7 @@ class Run:
     flops: float  # per token
     peak: float | None  # the device's peak FLOP/s, for the MFU
     about: dict[str, Any]  # run.json
+    optimizer_step: Callable[[], Any]  # optimizer.step, compiled whole under compile+capturable
 
     @property
     def cfg(self) -> TrainConfig:
@@ -253,7 +254,25 @@ def build_run(
         flops=about["flops_per_token"],
         peak=peak,
         about=about,
+        optimizer_step=compiled_step(optimizer, cfg),
     )
+
+
+def compiled_step(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Callable[[], Any]:
+    """``optimizer.step``, or with ``--compile`` and a capturable optimizer (``optimizer_kwargs:
+    {capturable: true}``) the step compiled whole (``fullgraph=True``): it reads nothing on the
+    host, and its lr tensors keep one graph for every lr."""
+    if not (cfg.compile and optimizer.defaults.get("capturable")):
+        return optimizer.step
+    # the class's step: LRScheduler wraps the instance's (in a module torch.compile skips) to
+    # note that it was called, which this function notes in its place
+    step = torch.compile(type(optimizer).step.__get__(optimizer), fullgraph=True)
+
+    def compiled() -> Any:
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+        return step()
+
+    return compiled
 
 
 def train_loop(run: Run, log: RunLog, stop: StopSignals, on_step: OnStep | None) -> TrainResult:
@@ -307,13 +326,15 @@ def one_step(run: Run) -> tuple[dict[str, Any], dict[str, float], Timer]:
     timer = Timer(rt.sync if cfg.sync_timing else None)
     with timer("step"):
         lr, clip_c = optimizer.param_groups[0]["lr"], clip_threshold(optimizer)
+        if torch.is_tensor(lr):  # capturable: read with the loss, as it was before this step
+            lr = lr.clone()
         loss = forward_backward(run.forward, run.sampler, cfg, rt, timer)
         with timer("grad_clip"):
             max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
             grad_norm = clip_grad_norm(run.params, max_norm)
         around_step(run.monitor, run.observer, timer, "before_step")
         with timer("optimizer"):
-            optimizer.step()
+            run.optimizer_step()
         spectral = around_step(run.monitor, run.observer, timer, "after_step")
         run.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -381,14 +402,19 @@ def report(pending: list[Pending], log: RunLog, on_step: OnStep | None, cfg: Tra
     """
     if not pending:
         return
+    # float64 holds every float32 value exactly, as .item() would give it; a tensor lr (a
+    # capturable optimizer's) is read with them
+    keys = ("loss", "grad_norm") + (("lr",) if torch.is_tensor(pending[0].record["lr"]) else ())
     scalars = torch.stack(
-        [torch.stack((p.record["loss"].double(), p.record["grad_norm"].double())) for p in pending]
-    ).tolist()  # float64 holds every float32 value exactly, as .item() would give it
-    for p, (loss, grad_norm) in zip(pending, scalars, strict=True):
+        [torch.stack([p.record[k].double().to(p.record["loss"].device) for k in keys])
+         for p in pending]
+    ).tolist()  # fmt: skip
+    for p, values in zip(pending, scalars, strict=True):
+        loss = values[0]
         if not math.isfinite(loss):
             log.advance(0)
             raise Diverged(diverged(cfg, f"the loss is {loss}", p.record["step"]))
-        p.record.update(loss=loss, grad_norm=grad_norm)
+        p.record.update(zip(keys, values, strict=True))
         log.train(p.record)
         log.monitor(p.record["step"], p.spectral)
         if on_step is not None:
