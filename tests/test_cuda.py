@@ -347,3 +347,30 @@ def test_nccl_world_size_one_gram_route_equals_the_operator(gpu):
                 torch.testing.assert_close(u, want, rtol=tol, atol=tol)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("capturable", [False, True])
+def test_the_124m_step_peak_memory_is_within_ten_percent_of_torch_adamw(capturable, gpu):
+    # the default step reads in waves of bounded pending state; the capturable one holds one
+    # batch at a time
+    from spectra_lab.bench.optim import llama_shapes
+
+    def peak(make) -> int:
+        torch.manual_seed(0)
+        ps = [torch.randn(s, device=gpu, requires_grad=True) for s in llama_shapes()]
+        for p in ps:
+            p.grad = 1e-3 * torch.randn_like(p)
+        opt = make(ps)
+        opt.step()  # the state exists from here on
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        opt.step()
+        torch.cuda.synchronize()
+        out = torch.cuda.max_memory_allocated()
+        del opt, ps
+        torch.cuda.empty_cache()
+        return out
+
+    ref = peak(lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True))
+    mine = peak(lambda ps: so.AdamW(ps, lr=1e-3, clip_c=10.0, capturable=capturable))
+    assert mine <= 1.10 * ref, (mine / ref, mine, ref)

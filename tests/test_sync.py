@@ -386,3 +386,34 @@ def test_capturable_is_one_setting_for_the_whole_optimizer():
         so.AdamW([{"params": [a]}, {"params": [b], "capturable": False}], capturable=True)
     with pytest.raises(ValueError, match="AdEMAMix has no capturable step"):
         so.AdEMAMix([a], capturable=True)
+
+
+def test_deferred_batches_read_in_waves_of_bounded_pending_state(monkeypatch):
+    # off the CPU the Gram matrices of every deferred batch wait for the read; a call bounds
+    # them (PENDING_FRACTION of its elements) with one read per wave, and the result is the
+    # same whatever the waves: each batch reads its own α
+    from spectra.ops import batched
+    from spectra.optim.plan import SpectralOp
+
+    op = SpectralOp("soft_clip", 0.5, "polar")
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(64, 64)] * 4 + [(32, 96)] * 4
+    mats = [torch.randn(s, generator=gen) for s in shapes]
+
+    def run(**kw):
+        out = [m.clone() for m in mats]
+        with counted_reads(set()) as seen:
+            batched.batched_apply_all_([(op, out)], max_elements=2 * 64 * 64, **kw)
+        return out, seen
+
+    one, seen = run()
+    assert len(seen) == 1  # below PENDING_MIN: one read
+    # 4 batches (two of 64², two of 32×96), of 2·64²·2 and 2·32²·2 pending elements
+    waves, seen = run(max_pending=2 * 64 * 64 * 2)
+    assert len(seen) == 3, seen  # [64²], [64²], [32×96, 32×96]
+    for a, b in zip(one, waves, strict=True):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(batched, "PENDING_MIN", 1)
+    total = sum(m.numel() for m in mats)
+    _, seen = run()  # the default: total / PENDING_FRACTION = 7168 elements a wave
+    assert total // batched.PENDING_FRACTION == 7168 and len(seen) == 4, seen

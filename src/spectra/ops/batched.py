@@ -26,6 +26,15 @@ MATMUL_BATCH_FRACTION = 8
 #: of 1/8 and 30.8 ms with three at this floor (two threads, a CPU with bf16 units;
 #: experiments/batch_floor_ab.py).
 MATMUL_MIN_BATCH = 2**20
+#: The deferred batches of a call (off the CPU) wait for their host read holding their pending
+#: state, about ``2·min(m, n)²`` numbers a matrix for the polar methods (G and G²): up to twice
+#: the matrices themselves, which made the GPU step's peak 1.58× torch AdamW's on an H200. A
+#: call reads in waves whose pending state stays within the elements of all its matrices over
+#: this fraction (one read a wave; the first wave also reads ``finite``)...
+PENDING_FRACTION = 4
+#: ...but at least this many elements (16 MiB of float32), so that a small model's step still
+#: reads once.
+PENDING_MIN = 2**22
 
 
 def _batch_indices(mats: Sequence[Tensor], max_elements: int) -> list[list[int]]:
@@ -119,9 +128,11 @@ def batched_apply_all_(
     max_elements: int | None = None,
     finite: Tensor | None = None,
     total: int | None = None,
+    max_pending: int | None = None,
 ) -> bool:
     r"""``X ← op(X)`` for every ``(op, matrices)`` job, each batched as by
-    :func:`batched_apply_`, with one host read for all the operators that need one.
+    :func:`batched_apply_`, with one host read for all the operators that need one (per wave
+    of ``max_pending`` elements of pending state).
 
     An ``op`` whose ``deferred(X)`` is true for a batch's matrices (such as
     :class:`spectra.optim.chain.SpectralOp` for a soft clip by ``"polar"`` or ``"mixed"``, which
@@ -129,13 +140,17 @@ def batched_apply_all_(
     ``pending.request`` is a 1-D float64 tensor of what it must read), one
     ``torch.cat(...).tolist()`` of every request, then ``end(X, pending, values)`` on each.
     Its batches run one after another (their products use the intra-op threads), and the
-    transient memory is every batch's pending state (for the polar methods the Gram matrix and
-    its square: ``2·min(m, n)²`` numbers per matrix) plus one batch. The other ops run as by
-    :func:`batched_apply_`, after the read.
+    transient memory is the pending state of the batches that wait for the read (for the polar
+    methods the Gram matrix and its square: ``2·min(m, n)²`` numbers per matrix) plus one
+    batch. So that it stays bounded, the batches go in waves of at most ``max_pending``
+    elements of pending state (at least one batch each; ``None``: the call's elements over
+    :data:`PENDING_FRACTION`, at least :data:`PENDING_MIN`), one read a wave; a wave's batches
+    are the same, and so is the result, whatever the waves. The other ops run as by
+    :func:`batched_apply_`, after the reads.
 
-    ``finite``: a 0-d bool tensor read with the requests; when it holds False no matrix is
-    changed and False is returned. True otherwise. ``total``: the elements the default caps are
-    shares of (default: the call's own; see :func:`batch_indices`).
+    ``finite``: a 0-d bool tensor read with the first wave's requests; when it holds False no
+    matrix is changed and False is returned. True otherwise. ``total``: the elements the default
+    caps are shares of (default: the call's own; see :func:`batch_indices`).
     """
     for _, mats in jobs:
         for X in mats:
@@ -157,22 +172,12 @@ def batched_apply_all_(
             else:
                 now += batch
         direct.append((op, now, cap, products))
-    with torch.set_grad_enabled(grad):
-        pending = [op.begin(_stack(batch)) for op, batch in deferred]
-    requests = [p.request for p in pending]
-    if finite is not None:
-        requests.insert(0, finite.reshape(1).to(torch.float64))
-    if len({r.device for r in requests}) > 1:  # one read per device
-        requests = [r.cpu() for r in requests]
-    values = torch.cat(requests).tolist() if requests else []
-    if finite is not None and not values.pop(0):
-        return False
-    for (op, batch), p in zip(deferred, pending, strict=True):
-        k = p.request.numel()
-        with torch.set_grad_enabled(grad):
-            out = op.end(_stack(batch), p, values[:k])
-        values = values[k:]
-        torch._foreach_copy_(batch, list(out.unbind(0)))
+    if max_pending is None:
+        max_pending = max(PENDING_MIN, total // PENDING_FRACTION)
+    for wave in _waves(deferred, max_pending) or ([] if finite is None else [[]]):
+        if not _read_wave(wave, finite, grad):
+            return False
+        finite = None
     for op, mats, cap, products in direct:
         # with threads, the CPU's batches run side by side (a matmul-only op's products use
         # the threads themselves); the others one after another. Only they ask for the thread
@@ -192,6 +197,49 @@ def batched_apply_all_(
 def _threads() -> int:
     """The threads the CPU's batches run on: 1 while the PyTorch profiler is on."""
     return 1 if torch.autograd._profiler_enabled() else torch.get_num_threads()
+
+
+def _pending_elements(batch: list[Tensor]) -> int:
+    """The pending state of a deferred batch, as the polar methods hold it: ``2·min(m, n)²``
+    numbers a matrix (the Gram matrix and its square)."""
+    return 2 * min(batch[0].shape[-2:]) ** 2 * len(batch)
+
+
+def _waves(deferred: list, max_pending: int) -> list[list]:
+    """The deferred ``(op, batch)`` pairs in consecutive waves of at most ``max_pending``
+    elements of pending state (at least one batch each)."""
+    waves: list[list] = []
+    held = 0
+    for item in deferred:
+        size = _pending_elements(item[1])
+        if not waves or held + size > max_pending:
+            waves.append([])
+            held = 0
+        waves[-1].append(item)
+        held += size
+    return waves
+
+
+def _read_wave(wave: list, finite: Tensor | None, grad: bool) -> bool:
+    """``begin`` on each of a wave's batches, one host read of their requests (and of
+    ``finite``), then ``end`` on each; False, with nothing changed, when ``finite`` is False."""
+    with torch.set_grad_enabled(grad):
+        pending = [op.begin(_stack(batch)) for op, batch in wave]
+    requests = [p.request for p in pending]
+    if finite is not None:
+        requests.insert(0, finite.reshape(1).to(torch.float64))
+    if len({r.device for r in requests}) > 1:  # one read per device
+        requests = [r.cpu() for r in requests]
+    values = torch.cat(requests).tolist() if requests else []
+    if finite is not None and not values.pop(0):
+        return False
+    for (op, batch), p in zip(wave, pending, strict=True):
+        k = p.request.numel()
+        with torch.set_grad_enabled(grad):
+            out = op.end(_stack(batch), p, values[:k])
+        values = values[k:]
+        torch._foreach_copy_(batch, list(out.unbind(0)))
+    return True
 
 
 def _stack(batch: list[Tensor]) -> Tensor:
