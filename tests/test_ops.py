@@ -139,6 +139,18 @@ def test_soft_clip_mixed_stays_at_the_bf16_floor_for_any_spike(kind, spike, shap
     assert rel_err(soft_clip(X, c, method="mixed"), soft_ref(X, c)) <= 1e-2
     Xb = X.to(torch.bfloat16)
     assert rel_err(soft_clip(Xb, c, method="mixed"), soft_ref(Xb, c)) <= 1e-2
+    # bf16 first: every float32 product from split bf16 products while α ≤ 1e4
+    split = soft_clip(X, c, method="mixed", ns_dtype=torch.bfloat16)
+    assert rel_err(split, soft_ref(X, c)) <= 1e-2
+
+
+@SETTINGS
+@given(matrices())
+def test_soft_clip_mixed_with_split_bf16_products_matches_float64_svd(data):
+    X, c = data
+    Y = soft_clip(X, c, method="mixed", ns_dtype=torch.bfloat16)
+    assert Y.shape == X.shape and Y.dtype == X.dtype
+    assert rel_err(Y, soft_ref(X, c)) <= 1e-2
 
 
 def test_soft_clip_mixed_runs_its_first_steps_exactly_until_the_spectrum_is_compressed():
@@ -712,3 +724,19 @@ def test_paper_bf16_run_matches_its_float64_emulation():
     # five bf16 steps stay close to the same five steps in float64 (bf16 rounding only)
     assert (Y.double() - Y64).norm() / Y64.norm() < 0.03
     assert (Y64 - Y_svd).norm() / Y_svd.norm() > 1e-3  # N_s = 5 has not converged: not the SVD
+
+
+def test_soft_clip_mixed_bf16_first_runs_every_product_in_bf16_below_its_bound(monkeypatch):
+    # the split mode: no float32 product at all (each is three bf16 ones) while α ≤ 1e4;
+    # beyond it the default's float32 (or float64) products come back. Counted with bf16
+    # products as one product each, as on a device with bf16 units.
+    from spectra.ops import _common, mixed
+
+    monkeypatch.setattr(_common, "has_bf16_units", lambda device: True)
+    monkeypatch.setattr(mixed, "has_bf16_units", lambda device: True)
+    monkeypatch.setattr(_common, "bf16_products_fp32", lambda A, B: (A @ B).float())
+    for spike, bf16_only in ((30.0, True), (1e3, False)):  # α ≈ 900 and 1e6
+        X = spiked((48, 96), 0.7, spike, kind="gauss")
+        with _ProductFlops() as counted:
+            soft_clip(X, 0.7, method="mixed", ns_dtype=torch.bfloat16)
+        assert (set(counted.flops) == {torch.bfloat16}) == bf16_only, counted.flops

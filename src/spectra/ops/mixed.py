@@ -8,7 +8,9 @@ iteration from G alone (:func:`mixed_gram_factor`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -19,6 +21,7 @@ from spectra.ops._common import (
     check_threshold,
     has_bf16_units,
     pow2_floor,
+    split_bf16_matmul,
     wide_view,
 )
 from spectra.ops.base import POLAR_TOL, ClipMethod, Options, apply_checked
@@ -33,6 +36,8 @@ from spectra.ops.polar import (
     gram_square_and_bound,
     output_factor,
 )
+
+Matmul = Callable[[Tensor, Tensor], Tensor]
 
 # soft_clip_mixed runs its steps in bf16 once every singular value of the iterate is at
 # least this (relative to the largest, ≈ 1): the matrix its bf16 steps invert is then
@@ -49,7 +54,9 @@ MIXED_BF16_FROM = 0.5
 MIXED_MAX_BF16_STEPS = 2
 
 
-def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
+def soft_clip_mixed(
+    X: Tensor, c: float, *, tol: float = POLAR_TOL, dtype: torch.dtype | None = None
+) -> Tensor:
     r"""``H_c(X)`` by the coupled iteration of :func:`soft_clip_polar`, its first steps in
     float32 and the rest in bf16 on a well-conditioned matrix.
 
@@ -78,17 +85,26 @@ def soft_clip_mixed(X: Tensor, c: float, *, tol: float = POLAR_TOL) -> Tensor:
     last product) and ``2m³`` times ``4e`` (``G²``, the exact steps, ``K = W Z_e``) in
     float32; ``(4r − 3)·2m³`` in bf16. The paper's Algorithm 1 (``N_s = 10``) takes ``4m²n + 60m³``
     in bf16. One host synchronisation per call, as in :func:`soft_clip_polar`.
+
+    ``dtype=torch.bfloat16`` (bf16 first): while ``α ≤ 1e4`` the float32 products (the Gram
+    matrix, ``G²``, the exact steps and the last product) are each three bf16 products with
+    float32 sums (:func:`spectra.ops._common.split_bf16_matmul`, about 1e-5 relative error
+    each), as ``"polar"`` does with the same ``dtype``; so every product runs on bf16 units.
+    Beyond that bound it works as by default. ``dtype=torch.float32``/``float64`` fixes the
+    precision of the exact part.
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
-    return apply_checked(METHOD.soft_clip, X, c, Options(tol=tol), soft_weight(c))
+    options = Options(ns_dtype=dtype, tol=tol)
+    return apply_checked(METHOD.soft_clip, X, c, options, soft_weight(c))
 
 
 def _mixed_run(c: float, plan: Plan, transposed: bool) -> Tensor:
     """``soft_clip_mixed`` of the matrix whose wide view is ``plan.Xh`` (in Xh's precision):
     ``K·Xh``, or ``Xhᵀ·Kᵀ`` in the input's own layout when the wide view is its transpose."""
     K = _mixed_factor(c, plan).to(plan.Xh.dtype)
-    return plan.Xh.mT @ K.mT if transposed else K @ plan.Xh
+    mm = split_bf16_matmul if plan.dtype == torch.bfloat16 else torch.matmul
+    return mm(plan.Xh.mT, K.mT) if transposed else mm(K, plan.Xh)
 
 
 def mixed_gram_factor(
@@ -121,8 +137,10 @@ def mixed_gram_factor(
 
 
 def _mixed_factor(c: float, plan: Plan) -> Tensor:
-    """``K`` (in the plan's dtype) with ``H_c(X) = K·plan.Xh`` for ``soft_clip_mixed``."""
-    wd, coeffs = plan.dtype, plan.coeffs
+    """``K`` (in the plan's dtype; float32 for split bf16 products) with ``H_c(X) = K·plan.Xh``
+    for ``soft_clip_mixed``."""
+    split = plan.dtype == torch.bfloat16  # the exact steps by split bf16 products
+    wd, coeffs = (torch.float32 if split else plan.dtype), plan.coeffs
     factor = output_factor(c, plan).to(wd)
     batch, m = plan.G.shape[:-2], plan.G.shape[-1]
     if not coeffs:
@@ -139,12 +157,12 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
         a, b, cc = coeffs[0]
         Z = torch.mul(plan.G2.to(wd).reshape(-1, m, m), cc * wg * wg)
         Z = _add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * cc * wg * wi), a + b * wi + cc * wi * wi)
-        Z, E = _coupled_steps(M_hat, coeffs[:exact], Z)
+        Z, E = _coupled_steps(M_hat, coeffs[:exact], Z, split_bf16_matmul if split else None)
     if exact < len(coeffs):
         E16 = E.to(torch.bfloat16)
         del E, M_hat  # the bf16 steps see E alone: two m × m temporaries less meanwhile
         W = _coupled_steps(E16, coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
-        Z = W if Z is None else torch.bmm(W, Z)
+        Z = W if Z is None else (split_bf16_matmul if split else torch.bmm)(W, Z)
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
 
 
@@ -160,10 +178,13 @@ def _add_to_diagonal(A: Tensor, d: Tensor | float) -> Tensor:
     return A
 
 
-def _fused_quintic(E: Tensor, a: float, b: float, c: float) -> Tensor:
+def _fused_quintic(E: Tensor, a: float, b: float, c: float, mm: Matmul | None = None) -> Tensor:
     """``aI + bE + cE²`` for a ``(B, m, m)`` batch with one fused product (``baddbmm``), which
     sums in float32 and rounds once for bf16 E (emulated through float32 on devices without
-    bf16 units, with the same rounding)."""
+    bf16 units, with the same rounding); with ``mm``, ``E²`` is ``mm(E, E)``."""
+    if mm is not None:
+        return _add_to_diagonal(torch.add(E, mm(E, E), alpha=c / b).mul_(b) if b else
+                                mm(E, E).mul_(c), a)  # fmt: skip
     if E.dtype == torch.bfloat16 and not has_bf16_units(E.device):
         E32 = E.float()
         return _add_to_diagonal(torch.baddbmm(E32, E32, E32, beta=b, alpha=c), a).bfloat16()
@@ -171,22 +192,27 @@ def _fused_quintic(E: Tensor, a: float, b: float, c: float) -> Tensor:
 
 
 def _coupled_steps(
-    M_hat: Tensor, coeffs: tuple[tuple[float, float, float], ...], Z1: Tensor | None = None
+    M_hat: Tensor,
+    coeffs: tuple[tuple[float, float, float], ...],
+    Z1: Tensor | None = None,
+    mm: Matmul | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``Z = p_K(…)·…·p_1(M̂)`` and, when the first step's ``Z1 = p_1(M̂)`` is given, also
     ``E = Z M̂ Z``, after the ``K = len(coeffs) ≥ 1`` steps of the coupled iteration of
     :func:`spectra.ops.quintics.coupled_inverse_sqrt`, in M̂'s precision (a ``(B, m, m)`` batch;
     bf16: bf16 products with float32 sums). Without ``Z1`` the first step is one fused
     product; each later step takes four products (``E = ZY``, ``Q = p(E)``, ``QZ``, ``YQ``),
-    the last one three when E is not wanted."""
-    mm = bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
+    the last one three when E is not wanted. ``mm``: the products (default: by M̂'s dtype)."""
+    quintic_mm = mm
+    if mm is None:
+        mm = bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
     want_e = Z1 is not None
-    Z = _fused_quintic(M_hat, *coeffs[0]) if Z1 is None else Z1
+    Z = _fused_quintic(M_hat, *coeffs[0], quintic_mm) if Z1 is None else Z1
     if len(coeffs) == 1 and not want_e:
         return Z, None
     Y = mm(M_hat, Z)
     for k, (a, b, cc) in enumerate(coeffs[1:], start=2):
-        Q = _fused_quintic(mm(Z, Y), a, b, cc)
+        Q = _fused_quintic(mm(Z, Y), a, b, cc, quintic_mm)
         Z = mm(Q, Z)
         if want_e or k < len(coeffs):
             Y = mm(Y, Q)
@@ -216,7 +242,18 @@ def _finish(X: Tensor, c: float, plan: Plan) -> Tensor:
     return _mixed_run(c, plan, wide_view(X)[1]).to(X.dtype)
 
 
-METHOD = ClipMethod(
-    "mixed",
-    soft_clip=TwoPhase(lambda o: None, _finish, float32_last=True).operator(_gram_factor),
-)
+def _check(options: Options) -> None:
+    check_tol(options)
+    if options.ns_dtype not in (None, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(
+            "ns_dtype must be None, torch.bfloat16, torch.float32 or torch.float64 for mixed, "
+            f"got {options.ns_dtype!r}"
+        )
+
+
+def _operator():
+    op = TwoPhase(lambda o: o.ns_dtype, _finish, float32_last=True).operator(_gram_factor)
+    return dataclasses.replace(op, check=_check)
+
+
+METHOD = ClipMethod("mixed", soft_clip=_operator())

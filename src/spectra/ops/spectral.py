@@ -94,7 +94,8 @@ def soft_clip(
         ns_dtype: working precision for ``method="paper"`` (default: float32, or float64
             for float64 input), ``method="polar"`` (default: chosen from α;
             ``torch.bfloat16``: split bf16 products while ``α ≤ 1e4``, see
-            :func:`soft_clip_polar`) and ``method="eigh"`` (default: chosen from σ_max/c).
+            :func:`soft_clip_polar`), ``method="mixed"`` (the same for its float32 products,
+            see :func:`soft_clip_mixed`) and ``method="eigh"`` (default: chosen from σ_max/c).
         tol: relative error per singular direction that ``"polar"`` and ``"mixed"`` iterate to.
         capturable: read nothing back to the host, so that ``torch.compile(fullgraph=True)``
             and CUDA graphs take the call whole: methods ``"polar"``, ``"mixed"`` (their
