@@ -13,22 +13,31 @@ from spectra.optim.base import SpectraOptimizer
 from spectra.validate import check_int, check_number, check_pair
 
 
-def alpha_schedule(step: int, alpha: float, warmup: int | None) -> float:
-    r"""Linear warmup of the slow-EMA weight: ``α_t = min(t·α/T_α, α)`` (``α`` if no warmup)."""
+def alpha_schedule(step: int | Tensor, alpha: float, warmup: int | None) -> float | Tensor:
+    r"""Linear warmup of the slow-EMA weight: ``α_t = min(t·α/T_α, α)`` (``α`` if no warmup);
+    for a step count on the device (a capturable step), a 0-d tensor there."""
     if not warmup:
         return alpha
+    if torch.is_tensor(step):
+        return torch.clamp(step * (alpha / warmup), max=alpha)
     return min(step * alpha / warmup, alpha)
 
 
-def beta3_schedule(step: int, beta1: float, beta3: float, warmup: int | None) -> float:
+def beta3_schedule(
+    step: int | Tensor, beta1: float, beta3: float, warmup: int | None
+) -> float | Tensor:
     r"""The AdEMAMix β₃ warmup, linear in the half-life (log-space) from β₁ to β₃:
 
-    ``β₃(t) = min(exp(ln β₁ ln β₃ / ((1 − t/T) ln β₃ + (t/T) ln β₁)), β₃)``.
+    ``β₃(t) = min(exp(ln β₁ ln β₃ / ((1 − t/T) ln β₃ + (t/T) ln β₁)), β₃)``; for a step count
+    on the device, a 0-d tensor there.
     """
     if not warmup or beta3 == 0.0 or beta1 == 0.0:
         return beta3
-    a = min(step / warmup, 1.0)
     lb1, lb3 = math.log(beta1), math.log(beta3)
+    if torch.is_tensor(step):
+        a = torch.clamp(step / warmup, max=1.0)
+        return torch.clamp(torch.exp(lb1 * lb3 / ((1.0 - a) * lb3 + a * lb1)), max=beta3)
+    a = min(step / warmup, 1.0)
     return min(math.exp(lb1 * lb3 / ((1.0 - a) * lb3 + a * lb1)), beta3)
 
 
@@ -85,6 +94,7 @@ class AdEMAMix(SpectraOptimizer):
             state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     _directions_keep_nonfinite = True
+    _capturable_directions = True
 
     def _direction(self, group, params, grads, states, out) -> None:
         beta1, beta2, beta3 = group["betas"]
@@ -94,16 +104,25 @@ class AdEMAMix(SpectraOptimizer):
         fast = [s["exp_avg_fast"] for s in states]
         slow = [s["exp_avg_slow"] for s in states]
         sq = [s["exp_avg_sq"] for s in states]
+        on_device = bool(steps) and torch.is_tensor(steps[0])  # capturable: counts there
         torch._foreach_lerp_(fast, grads, 1.0 - beta1)
-        torch._foreach_lerp_(slow, grads, [1.0 - b for b in beta3s])
+        if on_device:
+            for m, g, b in zip(slow, grads, beta3s, strict=True):
+                m.lerp_(g, 1.0 - b)
+        else:
+            torch._foreach_lerp_(slow, grads, [1.0 - b for b in beta3s])
         torch._foreach_mul_(sq, beta2)
         torch._foreach_addcmul_(sq, grads, grads, 1.0 - beta2)
         denom = torch._foreach_sqrt(sq)
-        torch._foreach_div_(denom, [math.sqrt(1.0 - beta2**t) for t in steps])
+        sqrt = torch.sqrt if on_device else math.sqrt
+        torch._foreach_div_(denom, [sqrt(1.0 - beta2**t) for t in steps])
         torch._foreach_add_(denom, group["eps"])
         torch._foreach_copy_(out, fast)
         torch._foreach_div_(out, [1.0 - beta1**t for t in steps])
-        for a in sorted(set(alphas)):
-            idx = [i for i, x in enumerate(alphas) if x == a]
-            torch._foreach_add_([out[i] for i in idx], [slow[i] for i in idx], alpha=a)
+        if on_device:
+            torch._foreach_add_(out, torch._foreach_mul(slow, list(alphas)))
+        else:
+            for a in sorted(set(alphas)):
+                idx = [i for i, x in enumerate(alphas) if x == a]
+                torch._foreach_add_([out[i] for i in idx], [slow[i] for i in idx], alpha=a)
         torch._foreach_div_(out, denom)

@@ -82,6 +82,7 @@ class MARS(SpectraOptimizer):
             state["last_grad"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     _directions_keep_nonfinite = True
+    _capturable_directions = True  # its norms and Adam's bias corrections stay on the device
 
     def _direction(self, group, params, grads, states, out) -> None:
         mars = [i for i, p in enumerate(params) if _uses_mars(p)]
