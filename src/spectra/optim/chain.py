@@ -43,6 +43,7 @@ from spectra.optim.distributed import (
     all_agree_finite,
     apply_replicated,
     apply_sharded,
+    holds_whole_matrices,
     mesh_group,
 )
 from spectra.optim.plan import ParamPlan, SpectralOp
@@ -80,14 +81,15 @@ def _apply_ops(
     (:mod:`spectra.optim.distributed`).
     """
     whole: list[tuple[SpectralOp, Tensor]] = []
-    sharded = []
+    sharded, layouts = [], []
     for t, pl, op in zip(tensors, plans, ops, strict=True):
         if op is None or pl.shape is None:
             continue
-        if pl.shard is not None:
+        if pl.shard is not None and not holds_whole_matrices(pl.shard, pl.layout):
             sharded.append((op, t, pl.shard, pl.shape))
+            layouts.append(pl.layout)
         else:
-            whole.append((op, t.view(pl.shape)))
+            whole += [(op, X) for X in pl.matrices(t)]
 
     def apply_local(
         items: Sequence[tuple[SpectralOp, Tensor]],
@@ -105,7 +107,7 @@ def _apply_ops(
             return False
     else:
         apply_replicated(whole, group, apply_local, batch_elements)
-    apply_sharded(sharded)
+    apply_sharded(sharded, layouts)
     return True
 
 
@@ -185,14 +187,24 @@ def decay_weights_(params: list[Tensor], plans: Sequence[ParamPlan]) -> None:
 
 
 def add_update_(params: list[Tensor], updates: list[Tensor], plans: Sequence[ParamPlan]) -> None:
-    """``X ← X − αη · U``, one foreach call per distinct coefficient."""
+    """``X ← X − αη · U``, one foreach call per distinct coefficient (per matrix where the
+    blocks of a tensor take different α: ``ParamPlan.scales``)."""
     by_coef: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
     for p, u, pl in zip(params, updates, plans, strict=True):
-        coef = -pl.scale * pl.lr
-        if coef != 0.0:
-            ps, us = by_coef.setdefault(coef, ([], []))
-            ps.append(p)
-            us.append(u)
+        if pl.scales is not None:  # one α per block, each repeated over the batch entries
+            ps, us = pl.matrices(p), pl.matrices(u)
+            per = max(1, len(ps) // len(pl.scales))
+            pairs = [
+                (X, U, pl.scales[j // per]) for j, (X, U) in enumerate(zip(ps, us, strict=True))
+            ]
+        else:
+            pairs = [(p, u, pl.scale)]
+        for X, U, scale in pairs:
+            coef = -scale * pl.lr
+            if coef != 0.0:
+                ps, us = by_coef.setdefault(coef, ([], []))
+                ps.append(X)
+                us.append(U)
     for coef, (ps, us) in by_coef.items():
         torch._foreach_add_(ps, us, alpha=coef)
 
@@ -336,9 +348,3 @@ def matrix_shape(p: Tensor, clip_vectors: bool = False) -> tuple[int, int] | Non
     if p.dim() == 1 and clip_vectors:
         return 1, p.shape[0]
     return None
-
-
-def default_scale(shape: tuple[int, int]) -> float:
-    """α = ``max(1, √(m/n))`` for an ``(m, n)`` matrix, the paper's default."""
-    m, n = shape
-    return max(1.0, math.sqrt(m / n))
