@@ -324,7 +324,10 @@ class MoE(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        probs, expert = self.router(flat).float().topk(self.top_k, dim=-1)
+        logits = self.router(flat)  # routed in float32 at least (bf16 would tie experts)
+        probs, expert = logits.to(torch.promote_types(logits.dtype, torch.float32)).topk(
+            self.top_k, dim=-1
+        )
         probs = probs.softmax(dim=-1).to(x.dtype)  # = the full softmax renormalised over top-k
         out = torch.zeros_like(flat)
         for e in range(self.gate_up_proj.shape[0]):
