@@ -211,3 +211,21 @@ def test_tiny_gpt2_through_the_helper_equals_separate_qkv_linears():
                           (theirs.mlp.c_proj, ours.proj)):  # fmt: skip
             close(conv.weight.T, lin.weight, f"{i} conv")
             close(conv.bias, lin.bias, f"{i} conv bias")
+
+
+def test_a_grouped_query_fused_qkv_is_split_by_the_attention_head_counts():
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(
+        vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+    )  # fmt: skip
+    model = Phi3ForCausalLM(config)
+    layer = model.model.layers[0]
+    layouts = {}
+    for g in spectra.matrix_param_groups(model):
+        for p in g["params"]:
+            layouts[id(p)] = g.get("clip_split")
+    # q: 4 heads of 4, k and v: 2 heads of 4; the fused gate/up in halves
+    assert layouts[id(layer.self_attn.qkv_proj.weight)] == ((16, 8, 8), 0)
+    assert layouts[id(layer.mlp.gate_up_proj.weight)] == ((24, 24), 0)
