@@ -295,3 +295,13 @@ def test_fsdp1_flattened_parameters_are_refused_and_plain_vectors_are_not():
         with pytest.raises(ValueError, match=r"flattened FSDP1 .*fully_shard instead$"):
             make([flat])
         make([torch.zeros(12, requires_grad=True)])  # a bias or a norm: as before
+
+
+def test_the_baselines_refuse_layout_settings_they_would_ignore():
+    p = torch.zeros(3, 4, 5, requires_grad=True)
+    for cls in (so.DMuon, so.SOAP):
+        with pytest.raises(
+            ValueError, match=f"{cls.__name__} takes no clip_batch_dims \\(got 1\\)"
+        ):
+            cls([{"params": [p], "clip_batch_dims": 1}], lr=1e-3)
+        cls([{"params": [p], "clip_batch_dims": 0}], lr=1e-3)  # the default says nothing
