@@ -305,3 +305,10 @@ def test_the_baselines_refuse_layout_settings_they_would_ignore():
         ):
             cls([{"params": [p], "clip_batch_dims": 1}], lr=1e-3)
         cls([{"params": [p], "clip_batch_dims": 0}], lr=1e-3)  # the default says nothing
+
+
+def test_a_three_dimensional_table_outside_an_experts_module_keeps_the_default_rule():
+    vit = nn.Module()
+    vit.pos_embed = nn.Parameter(torch.zeros(1, 16, 8))  # a position table, not experts
+    groups = spectra.matrix_param_groups(vit)
+    assert len(groups) == 1 and "clip_batch_dims" not in groups[0]

@@ -12,8 +12,9 @@ HF ``Conv1D`` weight ``(in, out)``          one, α from ``(out, in)``          
 fused q/k/v (``c_attn``, ``qkv_proj``,      q, k and v (sizes from the attention's    split
 ``Wqkv``, ``nn.MultiheadAttention``)        head counts, else thirds)
 fused gate/up (``gate_up_proj``, ``w13``)   gate and up (halves)                      split
-expert stack ``(E, m, n)`` (any tensor of   ``E`` matrices (``gate_up_proj`` also     batch dims
-three or more dimensions but a conv's)      split into gate and up)
+expert stack ``(E, m, n)`` (a tensor of     ``E`` matrices (``gate_up_proj`` also     batch dims
+three or more dimensions of an experts      split into gate and up)
+module, or named as an expert weight)
 =========================================== ========================================= ==========
 
 Everything else (embeddings, norms, biases, convolutions, routers) keeps the default rule.
@@ -111,7 +112,7 @@ def _layout(
     if isinstance(mod, nn.MultiheadAttention) and p_name == "in_proj_weight":
         return 0, ((mod.embed_dim,) * 3, 0), False
     if p_name != "weight" or p.dim() < 2:
-        return _expert_layout(mod, p_name, p) if p.dim() >= 3 else (0, None, False)
+        return _expert_layout(mod, p_name, p) if _experts(mod, p_name, p) else (0, None, False)
     if isinstance(mod, nn.modules.conv._ConvNd):
         return 0, None, False
     conv1d = type(mod).__name__ == "Conv1D" and hasattr(mod, "nf") and p.dim() == 2
@@ -128,9 +129,20 @@ def _layout(
             UserWarning,
             stacklevel=3,
         )
-    if p.dim() >= 3:
+    if _experts(mod, p_name, p):
         return _expert_layout(mod, p_name, p)
     return 0, None if split is None else (split, out_dim), conv1d
+
+
+def _experts(mod: nn.Module, p_name: str, p: Tensor) -> bool:
+    """Whether ``p`` is a stack of expert matrices: three or more dimensions, in a module whose
+    expert count is its first, whose class name says experts, or under an expert weight's name
+    (a position table ``(1, T, d)`` is none)."""
+    if p.dim() < 3:
+        return False
+    count = _attr(mod, ("num_experts", "num_local_experts", "n_experts"))
+    named = p_name in (*GATE_UP_NAMES, *DOWN_NAMES, "up_proj", "gate_proj", "w1", "w3")
+    return count == p.shape[0] or "expert" in type(mod).__name__.lower() or named
 
 
 def _expert_layout(mod: nn.Module, p_name: str, p: Tensor) -> Layout:
