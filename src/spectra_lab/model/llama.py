@@ -168,7 +168,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # steps of batch 16 x 256 tokens take minutes on two cores.
     "cpu-small": dict(d_model=192, n_heads=6, n_layers=4, tie_embeddings=False, seq_len=256),
     # A mixture of experts for the CPU: 4 SwiGLU experts of width 192 per layer, top-2 routing
-    # (about 1.9M parameters besides the embeddings, 1.1M of them active per token).
+    # (2.0M parameters besides the input embedding, 1.4M of them active per token).
     "cpu-moe": dict(
         d_model=128,
         n_heads=4,
