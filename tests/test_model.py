@@ -27,9 +27,11 @@ def tiny_cfg(**overrides) -> ModelConfig:
     return ModelConfig(**kw)
 
 
-def closed_form_params(V: int, d: int, L: int, h: int, tied: bool) -> int:
-    """Embeddings (+ untied head) + per layer (4 d² attention + 3 d h SwiGLU + 2 d gains) + d."""
-    return V * d * (1 if tied else 2) + L * (4 * d * d + 3 * d * h + 2 * d) + d
+def closed_form_params(V: int, d: int, L: int, h: int, tied: bool, experts: int = 0) -> int:
+    """Embeddings (+ untied head) + per layer (4 d² attention + 3 d h SwiGLU, or E such
+    experts and the d·E router, + 2 d gains) + d."""
+    mlp = experts * (3 * d * h + d) if experts else 3 * d * h
+    return V * d * (1 if tied else 2) + L * (4 * d * d + mlp + 2 * d) + d
 
 
 # --------------------------------------------------------------------------- shapes
@@ -41,8 +43,10 @@ def test_preset_parameter_count_matches_closed_form(preset):
     with torch.device("meta"):
         model = Llama(cfg)
     p = PRESETS[preset]
-    h = swiglu_hidden(p["d_model"])
-    expected = closed_form_params(GPT2_VOCAB, p["d_model"], p["n_layers"], h, p["tie_embeddings"])
+    h = p.get("mlp_hidden") or swiglu_hidden(p["d_model"])
+    expected = closed_form_params(
+        GPT2_VOCAB, p["d_model"], p["n_layers"], h, p["tie_embeddings"], p.get("n_experts", 0)
+    )
     assert model.num_parameters() == expected
     emb = GPT2_VOCAB * p["d_model"]
     assert model.num_parameters(exclude_embeddings=True) == expected - (

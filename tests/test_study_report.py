@@ -274,3 +274,21 @@ def test_hard_vs_soft_deltas_are_hard_minus_soft_from_the_three_sweeps(report):
     assert row_of(md, "| spectra-signum | 5 |").endswith(f"| {DOWN} | hard lower |")
     # c = 5 for Spectra-AdamW: its soft runs are c-ablation's, the hard ones not run yet
     assert row_of(md, "| spectra-adamw | 5 |").endswith("| – (fewer than 2 paired seeds) | – |")
+
+
+def test_moe_deltas_are_each_method_minus_per_expert_at_its_tuned_lr(report):
+    per_expert = {"optimizer": "spectra-adamw", "clip_layout": "matrices", "lr": 0.004}
+    whole = {"optimizer": "spectra-adamw", "clip_layout": "tensors", "lr": 0.002}
+    # B: 4.610, 4.680, 4.805 (mean 4.6983, sample std 0.0988)
+    seeds = sweep(({"optimizer": "adamw", "lr": 0.002}, B, 0.5), (per_expert, A, 0.7),
+                  (whole, A, 0.6))  # fmt: skip
+    table = report.moe_table(seeds)
+    assert row_of(table, "| adamw |") == (
+        f"| adamw | 0.002 | 4.698 ± 0.099 (n=3) | {UP} | held | 0.500 |"
+    )
+    assert "| spectra-adamw, per expert | 0.004 | 4.600 ± 0.100 (n=3) | (reference) |" in table
+    assert row_of(table, "| spectra-adamw, whole stack |").endswith(
+        "| +0.000 ± 0.000, t = +0.0 | inconclusive | 0.600 |"
+    )
+    with pytest.raises(report.Missing):
+        report.moe_table(None)

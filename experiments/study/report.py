@@ -877,6 +877,40 @@ def save(fig, path: Path) -> None:
     save_figure(fig, path, dpi=120)
 
 
+# ----- per-expert clipping on a mixture of experts (results/moe) ---------------------------
+
+MOE = ROOT / "results" / "moe"
+MOE_METHODS = [
+    ("adamw", {"optimizer": "adamw"}),
+    ("spectra-adamw, per expert", {"optimizer": "spectra-adamw", "clip_layout": "matrices"}),
+    ("spectra-adamw, whole stack", {"optimizer": "spectra-adamw", "clip_layout": "tensors"}),
+]
+
+
+def moe_table(seeds: dict | None) -> str:
+    """Each method at its tuned lr (the lr of its runs in ``seeds``), and whether clipping each
+    expert apart beats it: Δ = its loss − the per-expert loss, paired by seed."""
+    if seeds is None:
+        raise Missing("results/moe/seeds/results.json is missing")
+    rows = ["| method | tuned lr | final val loss (mean ± std over seeds) "
+            "| Δ = loss − per expert (paired) | per expert beats it | median step (s) |",
+            "|---|---:|---|---|---|---:|"]  # fmt: skip
+    per_expert = per_seed(seeds, **MOE_METHODS[1][1])
+    for name, point in MOE_METHODS:
+        vals = per_seed(seeds, **point)
+        lrs = sorted({r["point"]["lr"] for r in seeds["runs"]
+                      if all(r["point"].get(k) == v for k, v in point.items())})  # fmt: skip
+        st = step_time(seeds, **point)
+        if point == MOE_METHODS[1][1]:
+            diff, verdict = "(reference)", ""
+        else:
+            p = paired(per_expert, vals)
+            diff, verdict = fmt_diff(p), lower(p)
+        rows.append(f"| {name} | {', '.join(f'{lr:g}' for lr in lrs) or '–'} | {mean_std(vals)} "
+                    f"| {diff} | {verdict} | {f'{st:.3f}' if st else '–'} |")  # fmt: skip
+    return "\n".join(rows)
+
+
 # ----- the page ---------------------------------------------------------------------------
 
 MARKER = re.compile(r"<!-- study:([\w.-]+) -->")
@@ -935,6 +969,7 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
         "c": lambda: c_md,
         "hard-vs-soft": lambda: hard_table(load("hard-vs-soft", results), seeds, cab),
         "adaptive-preclip": lambda: preclip_table(load("adaptive-preclip", results), stab),
+        "moe": lambda: moe_table(load("seeds", MOE)),
         "longer": lambda: longer_table(load("longer", results), seeds),
         "longer-lr": lambda: longer_lr_table(load("longer", results), load("longer-lr", results)),
         "ns": lambda: ns_md,

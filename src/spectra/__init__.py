@@ -30,6 +30,7 @@ from spectra.optim import (
     Spectra,
     SpectraOptimizer,
     cosine_schedule,
+    matrix_param_groups,
     standard_clip_schedule,
     wsd_schedule,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "cosine_schedule",
     "global_clip",
     "hard_clip",
+    "matrix_param_groups",
     "orthogonalize",
     "soft_clip",
     "spectral_lmo",

@@ -126,8 +126,8 @@ def check_pair(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) ->
 
 def check_real_params(params: Any, owner: str) -> None:
     """Refuse what a param group (``params``: its list of tensors) cannot train: a complex, an
-    integer or a bool parameter, or one parameter listed twice (its step would be taken twice;
-    torch only warns).
+    integer or a bool parameter, a flattened FSDP1 shard, or one parameter listed twice (its
+    step would be taken twice; torch only warns).
 
     Spectral clipping is defined for complex matrices through their singular values, but the
     operators here work on real Gram matrices and the base directions on real moments.
@@ -145,6 +145,16 @@ def check_real_params(params: Any, owner: str) -> None:
         if not p.is_floating_point():
             raise ValueError(
                 f"{owner} takes floating-point parameters; {where}, which cannot have a gradient"
+            )
+        if getattr(p, "_fsdp_flattened", False):
+            # FSDP1 (FullyShardedDataParallel) flattens every parameter it wraps into 1-D
+            # shards of a FlatParameter (use_orig_params=True hands out 1-D views of them) and
+            # marks each so; no shard knows its matrix, so a clip would see the wrong thing
+            raise ValueError(
+                f"{owner}: parameter {i} of its group (shape {tuple(p.shape)}) is a flattened "
+                "FSDP1 (FullyShardedDataParallel) shard, whose matrices spectral clipping "
+                "cannot see; shard the model with FSDP2's torch.distributed.fsdp.fully_shard "
+                "instead"
             )
         if id(p) in seen:
             raise ValueError(

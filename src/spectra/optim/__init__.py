@@ -10,6 +10,8 @@ from spectra.optim.ademamix import AdEMAMix
 from spectra.optim.base import NonFiniteError, SpectraOptimizer
 from spectra.optim.baselines import SOAP, DMuon, dmuon_param_groups
 from spectra.optim.chain import spectra_step
+from spectra.optim.groups import matrix_param_groups
+from spectra.optim.layout import MatrixLayout
 from spectra.optim.mars import MARS
 from spectra.optim.plan import ParamPlan, SpectralOp
 from spectra.optim.schedules import (
@@ -32,6 +34,7 @@ __all__ = [
     "AdamW",
     "ClipSchedule",
     "DMuon",
+    "MatrixLayout",
     "NonFiniteError",
     "ParamPlan",
     "Signum",
@@ -40,6 +43,7 @@ __all__ = [
     "SpectralOp",
     "cosine_schedule",
     "dmuon_param_groups",
+    "matrix_param_groups",
     "spectra_step",
     "standard_clip_schedule",
     "wsd_schedule",

@@ -48,8 +48,10 @@ from spectra.optim.distributed import (
 )
 from spectra.optim.plan import ParamPlan
 from spectra.optim.settings import (
+    LAYOUT_KEYS,
     SPECTRA_DEFAULTS,
     adaptive_pre,
+    check_layout_settings,
     check_spectra_settings,
     clip_threshold,
     describe_schedules,
@@ -526,8 +528,14 @@ class SpectraOptimizer(Optimizer):
             )
         saved = state_dict["state"]
         # torch's load_state_dict refuses groups of other sizes; only matching ones are read
-        pairs = zip(state_dict["param_groups"], self.param_groups, strict=False)
+        pairs = list(zip(state_dict["param_groups"], self.param_groups, strict=False))
         for g, (saved_group, group) in enumerate(pairs):
+            # the loaded groups keep their saved layout: it must fit these parameters
+            layout = {k: saved_group[k] for k in LAYOUT_KEYS if k in saved_group}
+            try:
+                check_layout_settings({**group, **layout})
+            except ValueError as err:
+                raise ValueError(f"{name}: param group {g}: {err}") from None
             for i, (key, p) in enumerate(zip(saved_group["params"], group["params"], strict=False)):
                 state = saved.get(key)
                 if not state:

@@ -43,6 +43,7 @@ from spectra.optim.distributed import (
     all_agree_finite,
     apply_replicated,
     apply_sharded,
+    holds_whole_matrices,
     mesh_group,
 )
 from spectra.optim.plan import ParamPlan, SpectralOp
@@ -80,14 +81,15 @@ def _apply_ops(
     (:mod:`spectra.optim.distributed`).
     """
     whole: list[tuple[SpectralOp, Tensor]] = []
-    sharded = []
+    sharded, layouts = [], []
     for t, pl, op in zip(tensors, plans, ops, strict=True):
         if op is None or pl.shape is None:
             continue
-        if pl.shard is not None:
+        if pl.shard is not None and not holds_whole_matrices(pl.shard, pl.layout):
             sharded.append((op, t, pl.shard, pl.shape))
+            layouts.append(pl.layout)
         else:
-            whole.append((op, t.view(pl.shape)))
+            whole += [(op, X) for X in pl.matrices(t)]
 
     def apply_local(
         items: Sequence[tuple[SpectralOp, Tensor]],
@@ -105,7 +107,7 @@ def _apply_ops(
             return False
     else:
         apply_replicated(whole, group, apply_local, batch_elements)
-    apply_sharded(sharded)
+    apply_sharded(sharded, layouts)
     return True
 
 
@@ -200,27 +202,42 @@ def add_update_(
     plans: Sequence[ParamPlan],
     keep: Tensor | None = None,
 ) -> None:
-    """``X ← X − αη · U``, one foreach call per distinct coefficient; with ``keep`` (a 0-d bool
+    """``X ← X − αη · U``, one foreach call per distinct coefficient (per matrix where the
+    blocks of a tensor take different α: ``ParamPlan.scales``); with ``keep`` (a 0-d bool
     tensor) only where it holds True (the updates, which may then hold inf or nan, are zeroed
     in place where it holds False)."""
-    if keep is None and not any(torch.is_tensor(pl.lr) for pl in plans):
-        by_coef: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
-        for p, u, pl in zip(params, updates, plans, strict=True):
-            coef = -pl.scale * pl.lr
-            if coef != 0.0:
-                ps, us = by_coef.setdefault(coef, ([], []))
-                ps.append(p)
-                us.append(u)
-        for coef, (ps, us) in by_coef.items():
-            torch._foreach_add_(ps, us, alpha=coef)
-        return
     if keep is not None:
         for u in updates:
             u.masked_fill_(~keep, 0.0)
-    for lr, scale, idx in _by_scalars(plans, lambda pl: pl.scale):
-        us = [updates[i] for i in idx]
-        torch._foreach_mul_(us, -scale * lr)
-        torch._foreach_add_([params[i] for i in idx], us)
+    # by coefficient; a tensor lr (capturable) by identity with α, never compared by value
+    by: dict[Any, tuple[float | Tensor, float, list[Tensor], list[Tensor]]] = {}
+    for p, u, pl in zip(params, updates, plans, strict=True):
+        for X, U, scale in _scaled_pairs(p, u, pl):
+            if torch.is_tensor(pl.lr):
+                key: Any = (id(pl.lr), scale)
+            elif scale * pl.lr != 0.0:
+                key = -scale * pl.lr
+            else:
+                continue
+            entry = by.setdefault(key, (pl.lr, scale, [], []))
+            entry[2].append(X)
+            entry[3].append(U)
+    for lr, scale, ps, us in by.values():
+        if torch.is_tensor(lr):
+            torch._foreach_mul_(us, -scale * lr)
+            torch._foreach_add_(ps, us)
+        else:
+            torch._foreach_add_(ps, us, alpha=-scale * lr)
+
+
+def _scaled_pairs(p: Tensor, u: Tensor, pl: ParamPlan) -> list[tuple[Tensor, Tensor, float]]:
+    """``(X, U, α)``: the parameter and its update whole, or one pair per matrix where the
+    blocks of a tensor take different α (each block's α repeated over the batch entries)."""
+    if pl.scales is None:
+        return [(p, u, pl.scale)]
+    ps, us = pl.matrices(p), pl.matrices(u)
+    per = max(1, len(ps) // len(pl.scales))
+    return [(X, U, pl.scales[j // per]) for j, (X, U) in enumerate(zip(ps, us, strict=True))]
 
 
 def _by_scalars(
@@ -407,9 +424,3 @@ def matrix_shape(p: Tensor, clip_vectors: bool = False) -> tuple[int, int] | Non
     if p.dim() == 1 and clip_vectors:
         return 1, p.shape[0]
     return None
-
-
-def default_scale(shape: tuple[int, int]) -> float:
-    """α = ``max(1, √(m/n))`` for an ``(m, n)`` matrix, the paper's default."""
-    m, n = shape
-    return max(1.0, math.sqrt(m / n))

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from spectra.ops._common import fp32_products_are_ieee
-from spectra.ops.batched import batch_indices
+from spectra.ops.batched import batch_indices, batched_apply_
+from spectra.optim.layout import MatrixLayout
 from spectra.optim.plan import SpectralOp
 
 Op = Callable[[Tensor], Tensor]
@@ -280,18 +281,38 @@ def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
     return Route(use, transposed, tuple(reduce_dims), tuple(gather_dims), gram if use else whole)
 
 
-def apply_sharded(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int]]]) -> None:
+def holds_whole_matrices(p: Tensor, layout: MatrixLayout | None) -> bool:
+    """Whether each rank's shard of the ``DTensor`` ``p`` holds whole matrices of its
+    ``layout``: the mesh splits batch dimensions only (FSDP2's ``Shard(0)`` of an expert
+    stack ``(E, m, n)`` gives each rank whole experts), so each rank clips its own."""
+    if layout is None or layout.batch_dims == 0:
+        return False
+    dims = [getattr(pl, "dim", None) for pl in p.placements if _axis(pl) is not None]
+    return all(d is not None and d < layout.batch_dims for d in dims)
+
+
+def apply_sharded(
+    items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int]]],
+    layouts: Sequence[MatrixLayout | None] | None = None,
+) -> None:
     """``U ← op(U)`` for matrices held as shards: ``(op, local shard of U, DTensor parameter,
-    (m, n))``, each by its :func:`route_of`."""
-    gram, whole = [], []
-    for item in items:
+    (m, n))``, each by its :func:`route_of`. A tensor with a layout (``layouts[i]``: several
+    matrices, or ``(in, out)`` storage; see :mod:`spectra.optim.layout`) whose shards cut
+    across its matrices takes the whole-matrix route, where the owner clips each of them."""
+    layouts = [None] * len(items) if layouts is None else layouts
+    gram, whole, whole_layouts = [], [], []
+    for item, layout in zip(items, layouts, strict=True):
         check_layout(item[2])
         route = route_of(item[2], item[3])
-        (gram if route.gram else whole).append((*item, route))
+        if route.gram and (layout is None or not layout.several):
+            gram.append((*item, route))
+        else:
+            whole.append((*item, route))
+            whole_layouts.append(layout)
     if gram:
         apply_gram(gram)
     if whole:
-        apply_whole(whole)
+        apply_whole(whole, whole_layouts)
 
 
 def _redistribute(u: Tensor, p: Tensor, source, target) -> Tensor:
@@ -465,22 +486,30 @@ def _is_strided(placement) -> bool:
     return isinstance(placement, _StridedShard)
 
 
-def apply_whole(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]]) -> None:
+def apply_whole(
+    items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]],
+    layouts: Sequence[MatrixLayout | None] | None = None,
+) -> None:
     """The whole-matrix route, one matrix at a time: the matrix assembled (:func:`assemble`),
     ``op`` applied by its owner rank (balanced by ``m·n·min(m, n)``), and the result scattered
     back as shards (``distribute_tensor(..., src_data_rank=owner)``). On a 2-D mesh the owners
     are the ranks at the coordinates ``(k, k)``, ``distribute_tensor`` scatters from the ranks
     of the owner's row, and the owner first broadcasts its result along that row. A layout that
     ``distribute_tensor`` cannot scatter (:func:`scatters`) gets the result broadcast along the
-    columns too, and each rank keeps its part."""
+    columns too, and each rank keeps its part. A tensor with a layout (``layouts[i]``) is
+    assembled whole and its owner applies ``op`` to each of its matrices."""
     from torch.distributed.tensor import distribute_tensor
 
     mesh = items[0][2].device_mesh
-    owners = assign_owners([shape for *_, shape, _ in items], min(mesh.shape))
+    owners = assign_owners([item[3] for item in items], min(mesh.shape))
     coord = mesh.get_coordinate()
-    for (op, u, p, shape, _), k in zip(items, owners, strict=True):
+    layouts = [None] * len(items) if layouts is None else layouts
+    for (op, u, p, shape, _), layout, k in zip(items, layouts, owners, strict=True):
         full = assemble(u, p)
-        if all(c == k for c in coord):
+        if all(c == k for c in coord) and layout is not None:
+            full = full.contiguous()
+            batched_apply_(op, layout.matrices(full))
+        elif all(c == k for c in coord):
             full = op(full.reshape(1, *shape)).reshape(p.shape)
         full = full.contiguous()
         if mesh.ndim == 2 and coord[0] == k:

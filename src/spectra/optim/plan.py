@@ -18,6 +18,7 @@ from spectra.ops import hard_clip, orthogonalize, soft_clip, soft_clip_begin, so
 from spectra.ops.gram import gram_factor
 from spectra.ops.methods import OPERATORS, operator
 from spectra.ops.spectral import SoftClipPending
+from spectra.optim.layout import MatrixLayout
 
 PostKind = Literal["soft_clip", "hard_clip", "orthogonalize"]
 POST_KINDS: tuple[str, ...] = OPERATORS
@@ -105,7 +106,8 @@ class ParamPlan:
         lr: η (including any per-parameter scale); a 0-d tensor on the parameters' device
             under ``capturable``, where the group's lr is one.
         weight_decay: λ; the weights are multiplied by ``1 − λη``.
-        shape: the ``(m, n)`` matrix the spectral links see; ``None`` when they skip it.
+        shape: the ``(m, n)`` matrix the spectral links see (with a ``layout``, the stored
+            shape of its first matrix); ``None`` when they skip it.
         pre: the operator on the raw gradient, or ``None``.
         post: the operator on the direction, or ``None``.
         scale: α, the factor of the update (1 without a post operator).
@@ -115,6 +117,10 @@ class ParamPlan:
             ``"pre_clip_ema"`` the pre-clip link updates (``pre`` then has ``c = inf`` on a
             step that only measures); see :mod:`spectra.optim.settings`.
         pre_beta: β of that running scale.
+        layout: where the tensor holds several matrices, or stores them as ``(in, out)``
+            (:mod:`spectra.optim.layout`); ``None``: the tensor is the one matrix ``shape``.
+        scales: α of each block of the ``layout``'s split, where they differ (``scale`` is
+            then their largest); ``None``: every matrix takes ``scale``.
     """
 
     lr: float | Tensor
@@ -126,3 +132,12 @@ class ParamPlan:
     shard: Tensor | None = field(default=None, compare=False, repr=False)
     pre_state: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     pre_beta: float = 0.0
+    layout: MatrixLayout | None = None
+    scales: tuple[float, ...] | None = None
+
+    def matrices(self, t: Tensor) -> list[Tensor]:
+        """The matrices the spectral links see in ``t`` (the parameter, its gradient or its
+        direction, or a local shard of whole batch entries), as views of it."""
+        if self.layout is None:
+            return [t.view(self.shape)]
+        return self.layout.matrices(t)

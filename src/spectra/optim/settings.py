@@ -21,7 +21,16 @@ key                   default      meaning
                                    the paper's N_s); ``None``: the operator's default
 ``clip_ns_dtype``     ``None``     its working precision (``torch.bfloat16``, ``float32``,
                                    ``float64`` or their names); ``None``: the operator's
+``clip_batch_dims``   ``0``        leading dimensions that index separate matrices (an
+                                   expert stack ``(E, m, n)``: 1)
+``clip_split``        ``None``     ``(sizes, dim)``: blocks of a fused tensor along ``dim``,
+                                   each its own matrix (``torch.split``'s arguments)
+``clip_transposed``   ``False``    the tensors store ``(in, out)`` (HF ``Conv1D``): α reads
+                                   ``(out, in)``
 ===================== ============ ==========================================================
+
+The last three say how a tensor's dimensions map to matrices (:mod:`spectra.optim.layout`);
+:func:`spectra.optim.groups.matrix_param_groups` sets them for the usual modules.
 
 **Adaptive pre-clipping** follows each matrix's own spectral scale (the layer-wise, adaptive
 thresholds that "Enhancing LLM Training via Spectral Clipping" leaves as future work): with
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -49,13 +59,16 @@ from torch import Tensor
 
 from spectra.ops.base import Options
 from spectra.ops.methods import check_capturable, method_names, operator
-from spectra.optim.chain import default_scale, matrix_shape
+from spectra.optim.chain import matrix_shape
 from spectra.optim.distributed import is_sharded
+from spectra.optim.layout import MatrixLayout, default_scale
 from spectra.optim.plan import POST_KINDS, ParamPlan, SpectralOp
 from spectra.validate import check_choice, check_int, check_number
 
 CLIP_PARAMS = ("matrices", "all")
 SCHEDULE_KEYS = ("clip_schedule", "pre_clip_schedule")
+#: The settings that say how a tensor's dimensions map to matrices (:mod:`spectra.optim.layout`).
+LAYOUT_KEYS = ("clip_batch_dims", "clip_split", "clip_transposed")
 
 #: SPECTRA settings every param group carries, with their defaults.
 SPECTRA_DEFAULTS: dict[str, Any] = {
@@ -71,6 +84,9 @@ SPECTRA_DEFAULTS: dict[str, Any] = {
     "pre_clip_beta": 0.99,
     "clip_ns_steps": None,
     "clip_ns_dtype": None,
+    "clip_batch_dims": 0,
+    "clip_split": None,
+    "clip_transposed": False,
 }
 #: working precisions ``clip_ns_dtype`` may name
 NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -108,6 +124,7 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
             f"clip_ns_dtype must be None, torch.bfloat16, torch.float32 or torch.float64 (or "
             f"their names), got {group['clip_ns_dtype']!r}"
         )
+    check_layout_settings(group)
     iteration = group["clip_ns_steps"] is not None or group["clip_ns_dtype"] is not None
     if iteration and group["post"] == "hard_clip":
         raise ValueError("clip_ns_steps and clip_ns_dtype apply to soft_clip and orthogonalize")
@@ -148,6 +165,78 @@ def check_capturable_settings(group: dict[str, Any], kinds: set[str]) -> None:
             check_capturable(kind, group["clip_method"])
         except ValueError as err:
             raise ValueError(f"capturable=True: {err}") from None
+
+
+def check_layout_settings(group: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming a bad ``clip_batch_dims``, ``clip_split`` or
+    ``clip_transposed``, or (for a group with ``params``) the first tensor they do not fit."""
+    check_int("clip_batch_dims", group["clip_batch_dims"], low=0)
+    check_choice("clip_transposed", group["clip_transposed"], (True, False))
+    split = group["clip_split"]
+    if split is not None:
+        pair = isinstance(split, (tuple, list)) and len(split) == 2
+        sizes = split[0] if pair else None
+        ok = (
+            pair
+            and isinstance(sizes, (tuple, list))
+            and len(sizes) > 0
+            and all(_is_int(n) and n >= 1 for n in sizes)
+            and _is_int(split[1])
+        )
+        if not ok:
+            raise ValueError(
+                "clip_split must be None or (sizes, dim), torch.split's arguments: a non-empty "
+                f"sequence of ints >= 1 and a dimension, got {split!r}"
+            )
+    several = group["clip_batch_dims"] > 0 or split is not None
+    if several and group["pre_clip_kappa"] is not None:
+        raise ValueError(
+            f"pre_clip_kappa={group['pre_clip_kappa']!r} keeps one running scale per tensor; it "
+            "does not take clip_batch_dims or clip_split (use pre_clip_c, which clips each "
+            "matrix)"
+        )
+    for i, p in enumerate(group.get("params", ())):
+        if isinstance(p, Tensor):
+            layout_of(group, p, f"parameter {i} of its group")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def layout_of(group: dict[str, Any], p: Tensor, where: str = "a parameter") -> MatrixLayout | None:
+    """The :class:`~spectra.optim.layout.MatrixLayout` of ``p`` under ``group``'s settings;
+    ``None`` where ``p`` is one matrix stored ``(out, in)`` as the spectral links see it by
+    default (or no matrix). ``ValueError`` when the settings do not fit ``p``'s shape
+    (``where`` names it)."""
+    k, split = group["clip_batch_dims"], group["clip_split"]
+    transposed = group["clip_transposed"]
+    if p.dim() < 2 or p.numel() == 0 or not (k or split is not None or transposed):
+        return None
+    shape = tuple(p.shape)
+    settings = f"clip_batch_dims={k!r}, clip_split={split!r}"
+    if p.dim() < k + 2:
+        raise ValueError(
+            f"{settings}: {where} has shape {shape}, not {k} batch dimension(s) and a matrix"
+        )
+    if split is None:
+        return MatrixLayout(k, None, 0, transposed)
+    sizes, dim = tuple(int(n) for n in split[0]), int(split[1])
+    dim = dim + p.dim() if dim < 0 else dim
+    if p.dim() != k + 2 or dim not in (k, k + 1) or sum(sizes) != shape[dim]:
+        raise ValueError(
+            f"{settings}: {where} has shape {shape}; a split takes {k} batch dimension(s), then "
+            f"a matrix, split along one of its two dimensions into sizes summing to its length"
+        )
+    layout = MatrixLayout(k, sizes, dim, transposed)
+    if is_sharded(p) and len(set(layout.scales(shape))) > 1:
+        cut = [getattr(pl, "dim", None) for pl in p.placements if not pl.is_replicate()]
+        if dim in cut:
+            raise ValueError(
+                f"{settings}: {where} is a DTensor split along dimension {dim}, the dimension "
+                "of blocks whose α differ; shard it along another dimension"
+            )
+    return layout
 
 
 def op_of(group: dict[str, Any], kind: str, c: float | None) -> SpectralOp:
@@ -212,6 +301,9 @@ def plan(
     wd = float(group.get("weight_decay", 0.0)) if weight_decay is None else weight_decay
     if shape is None:
         return ParamPlan(lr, wd)
+    layout = layout_of(group, p)
+    if layout is not None:
+        shape = layout.shapes(p.shape)[0]
     shard = p if is_sharded(p) else None
     pre = None
     c_pre = threshold(group["pre_clip_c"], group["pre_clip_schedule"], step)
@@ -231,14 +323,21 @@ def plan(
         pre = op_of(group, "soft_clip", c_pre)
     track = {"pre_state": tracked, "pre_beta": float(group["pre_clip_beta"])}
     if not group_clips(group):
-        return ParamPlan(lr, wd, shape, pre, shard=shard, **track)
-    scale = group["clip_scale"]
-    scale = default_scale(shape) if scale == "auto" else float(scale)
+        return ParamPlan(lr, wd, shape, pre, shard=shard, **track, layout=layout)
+    scale, scales = group["clip_scale"], None
+    if scale != "auto":
+        scale = float(scale)
+    elif layout is None:
+        scale = default_scale(shape)
+    else:  # α of each block of the split (or of every matrix, which share it)
+        scales = tuple(layout.scales(p.shape)[:: max(1, math.prod(p.shape[: layout.batch_dims]))])
+        scale = max(scales)
+        scales = scales if len(set(scales)) > 1 else None
     c = threshold(group["clip_c"], group["clip_schedule"], step)
     post = None
     if group["post"] == "orthogonalize" or math.isfinite(c):
         post = op_of(group, group["post"], None if group["post"] == "orthogonalize" else c)
-    return ParamPlan(lr, wd, shape, pre, post, scale, shard, **track)
+    return ParamPlan(lr, wd, shape, pre, post, scale, shard, **track, layout=layout, scales=scales)
 
 
 def running_scale(m: float, beta: float, updates: int) -> float:

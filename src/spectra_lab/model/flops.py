@@ -8,7 +8,8 @@ the estimate of PaLM's appendix B (Chowdhery et al., 2022, "PaLM: Scaling Langua
 with Pathways"), which nanoGPT's ``estimate_mfu`` also uses:
 
 * ``N_matmul`` counts the weights that take part in matrix products: per block the four
-  attention matrices (4·d²) and the three SwiGLU matrices (3·d·hidden), plus the output head
+  attention matrices (4·d²) and the three SwiGLU matrices (3·d·hidden; a mixture of experts:
+  those of the top-k experts a token meets, and the router's d·E), plus the output head
   (d·vocab, tied or not). The input embedding is a table lookup and is left out. Each such
   weight costs 2 FLOPs per token in the forward pass (a multiply and an add) and 4 in the
   backward pass (the gradients of its input and of itself): 6 in all.
@@ -30,7 +31,9 @@ from typing import Any
 def matmul_parameters(cfg: Any) -> int:
     """``N_matmul``: the weights of the attention and MLP matrices and of the output head."""
     d = cfg.d_model
-    per_block = 4 * d * d + 3 * d * cfg.hidden_dim
+    experts = getattr(cfg, "n_experts", 0)
+    active = cfg.experts_top_k if experts else 1  # a token meets its top-k experts only
+    per_block = 4 * d * d + 3 * d * cfg.hidden_dim * active + d * experts  # (+ the router)
     return cfg.n_layers * per_block + d * cfg.vocab_size
 
 

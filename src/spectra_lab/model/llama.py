@@ -10,6 +10,8 @@ adopts for its language-model experiments:
   queries and keys, computed by ``scaled_dot_product_attention(is_causal=True)``;
 * a SwiGLU MLP ``W₂(SiLU(W₁x) ⊙ W₃x)`` whose hidden width defaults to
   ``256·⌈(8d/3)/256⌉``;
+* with ``n_experts`` set, a mixture of SwiGLU experts instead (:class:`MoE`): a router picks
+  the top ``experts_top_k`` experts of each token;
 * no biases anywhere, untied input/output embeddings unless asked otherwise;
 * weights drawn from N(0, 0.02²), with the two projections that write into the residual
   stream (attention ``wo`` and MLP ``w2``) drawn from N(0, (0.02/√(2L))²) (GPT-2's scaled
@@ -78,6 +80,9 @@ class ModelConfig:
     mup_base_width: int | None = None
     mup_scale_emb: float = 10.0
     mup_scale_depth: float = 1.4
+    # a mixture of experts (0: the dense SwiGLU MLP); mlp_hidden is then each expert's width
+    n_experts: int = 0
+    experts_top_k: int = 2
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len"):
@@ -97,6 +102,15 @@ class ModelConfig:
         ):
             raise ValueError(
                 f"mlp_hidden must be a positive integer or None, got {self.mlp_hidden!r}"
+            )
+        for name in ("n_experts", "experts_top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.n_experts and not 1 <= self.experts_top_k <= self.n_experts:
+            raise ValueError(
+                f"experts_top_k must be in [1, n_experts={self.n_experts}], got "
+                f"{self.experts_top_k!r}"
             )
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
@@ -153,6 +167,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The default CPU run (about 3M parameters with a 4096-token vocabulary): a few hundred
     # steps of batch 16 x 256 tokens take minutes on two cores.
     "cpu-small": dict(d_model=192, n_heads=6, n_layers=4, tie_embeddings=False, seq_len=256),
+    # A mixture of experts for the CPU: 4 SwiGLU experts of width 192 per layer, top-2 routing
+    # (2.0M parameters besides the input embedding, 1.4M of them active per token).
+    "cpu-moe": dict(
+        d_model=128,
+        n_heads=4,
+        n_layers=4,
+        tie_embeddings=False,
+        seq_len=256,
+        mlp_hidden=192,
+        n_experts=4,
+        experts_top_k=2,
+    ),
 }
 
 
@@ -277,13 +303,50 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class MoE(nn.Module):
+    r"""A mixture of SwiGLU experts with top-k routing (Mixtral: Jiang et al., "Mixtral of
+    Experts", 2024): ``y = Σ_{e ∈ top-k} p_e · W₂ₑ(SiLU(W₁ₑx) ⊙ W₃ₑx)`` with ``p`` the softmax of
+    the router's logits over the k chosen experts.
+
+    The experts are stored as transformers' Mixtral stores them: ``gate_up_proj`` of shape
+    ``(E, 2·hidden, d)`` (each expert's W₁ above its W₃) and ``down_proj`` of shape
+    ``(E, d, hidden)``. ``hidden_dim`` (the model's width) tells
+    :func:`spectra.matrix_param_groups` which side of a stack is the model's.
+    """
+
+    def __init__(self, d_model: int, hidden: int, n_experts: int, top_k: int) -> None:
+        super().__init__()
+        self.hidden_dim = d_model
+        self.top_k = top_k
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, d_model))
+        self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, hidden))
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        logits = self.router(flat)  # routed in float32 at least (bf16 would tie experts)
+        probs, expert = logits.to(torch.promote_types(logits.dtype, torch.float32)).topk(
+            self.top_k, dim=-1
+        )
+        probs = probs.softmax(dim=-1).to(x.dtype)  # = the full softmax renormalised over top-k
+        out = torch.zeros_like(flat)
+        for e in range(self.gate_up_proj.shape[0]):
+            token, slot = torch.where(expert == e)
+            gate, up = (flat[token] @ self.gate_up_proj[e].T).chunk(2, dim=-1)
+            y = (F.silu(gate) * up) @ self.down_proj[e].T
+            out.index_add_(0, token, y * probs[token, slot, None])
+        return out.view_as(x)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.hidden_dim)
+        self.mlp: nn.Module = SwiGLU(cfg.d_model, cfg.hidden_dim)
+        if cfg.n_experts:
+            self.mlp = MoE(cfg.d_model, cfg.hidden_dim, cfg.n_experts, cfg.experts_top_k)
         # μP multiplies each residual branch by scale_depth/√L
         mup = cfg.mup_base_width is not None
         self.branch_scale = cfg.mup_scale_depth / math.sqrt(cfg.n_layers) if mup else 1.0
@@ -331,10 +394,17 @@ class Llama(nn.Module):
         if not cfg.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, mean=0.0, std=std)
         for layer in self.layers:
-            for lin in (layer.attn.wq, layer.attn.wk, layer.attn.wv, layer.mlp.w1, layer.mlp.w3):
-                nn.init.normal_(lin.weight, mean=0.0, std=std)
-            for lin in (layer.attn.wo, layer.mlp.w2):
-                nn.init.normal_(lin.weight, mean=0.0, std=residual_std)
+            mlp = layer.mlp
+            if isinstance(mlp, MoE):
+                drawn = [mlp.router.weight, mlp.gate_up_proj]
+                residual = [mlp.down_proj]
+            else:
+                drawn, residual = [mlp.w1.weight, mlp.w3.weight], [mlp.w2.weight]
+            attn = layer.attn
+            for w in (attn.wq.weight, attn.wk.weight, attn.wv.weight, *drawn):
+                nn.init.normal_(w, mean=0.0, std=std)
+            for w in (attn.wo.weight, *residual):
+                nn.init.normal_(w, mean=0.0, std=residual_std)
             layer.attn_norm.reset_parameters()
             layer.mlp_norm.reset_parameters()
         self.norm.reset_parameters()

@@ -34,6 +34,7 @@ from spectra_lab.errors import UserError
 PARAM_GROUPS = ("hidden", "attn", "embed", "head", "norm")
 SCHEDULES = ("wsd", "cosine", "constant")
 CLIP_SCHEDULES = ("standard", "constant")
+CLIP_LAYOUTS = ("matrices", "tensors")
 PRE_CLIP_SCHEDULES = ("constant", "cosine")
 AUTOCAST_MODES = ("auto", "bf16", "none")
 PARAMETRIZATIONS = ("standard", "mup")
@@ -120,6 +121,9 @@ class TrainConfig:
     clip_scale: str | float = "auto"
     clip_schedule: str = "standard"
     clip_groups: list[str] = field(default_factory=lambda: ["hidden", "attn"])
+    # "matrices": each expert of a stack and each block of a fused tensor is its own matrix
+    # (spectra.matrix_param_groups); "tensors": every tensor is one matrix, (d0, d1·d2·…)
+    clip_layout: str = "matrices"
     pre_clip_c: float | None = None
     pre_clip_schedule: str = "constant"
     pre_clip_c_final: float | None = None  # cosine pre-clip schedule end value
@@ -324,6 +328,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "clip_scale": _auto_or_positive,
     "clip_schedule": partial(check_choice, choices=CLIP_SCHEDULES),
     "clip_groups": partial(_choices_each, choices=PARAM_GROUPS),
+    "clip_layout": partial(check_choice, choices=CLIP_LAYOUTS),
     "pre_clip_c": _positive_or_off,
     "pre_clip_schedule": partial(check_choice, choices=PRE_CLIP_SCHEDULES),
     "pre_clip_c_final": _positive_or_off,

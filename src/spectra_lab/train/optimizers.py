@@ -31,6 +31,7 @@ from torch import nn
 import spectra
 from spectra.optim.base import ENGINE_OPTIONS, SpectraOptimizer
 from spectra.optim.baselines.dmuon import default_use_muon
+from spectra.optim.settings import LAYOUT_KEYS
 from spectra.validate import check_choice
 from spectra_lab.train.config import ConfigError, TrainConfig, did_you_mean
 
@@ -69,12 +70,16 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> Groups:
 
     Each group dict has ``params``, ``group`` (its name), ``weight_decay`` and
     ``spectral_clip`` (whether SPECTRA clips it); a recipe's group shaper turns the last
-    key into the optimizer's own keys.
+    key into the optimizer's own keys. With ``clip_layout="matrices"`` the groups are split
+    further by the layout :func:`spectra.matrix_param_groups` finds (an expert stack's
+    ``clip_batch_dims``, ...), which the spectral recipes pass on.
     """
-    buckets: dict[str, list[torch.Tensor]] = {}
+    layouts = matrix_layouts(model) if cfg.clip_layout == "matrices" else {}
+    buckets: dict[tuple[str, tuple], list[torch.Tensor]] = {}
     for name, p in model.named_parameters():  # tied weights appear once
         if p.requires_grad:
-            buckets.setdefault(group_of(name, p), []).append(p)
+            layout = tuple(layouts.get(id(p), {}).items())
+            buckets.setdefault((group_of(name, p), layout), []).append(p)
     mult = mup_lr_multipliers(cfg)
     return [
         {
@@ -83,9 +88,21 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> Groups:
             "weight_decay": cfg.weight_decay if group in DECAY_GROUPS else 0.0,
             "spectral_clip": group in cfg.clip_groups,
             **({"lr": cfg.lr * mult[group]} if group in mult else {}),
+            **dict(layout),
         }
-        for group, params in buckets.items()
+        for (group, layout), params in buckets.items()
     ]
+
+
+def matrix_layouts(model: nn.Module) -> dict[int, dict[str, Any]]:
+    """``id(parameter) -> its layout settings`` (``clip_batch_dims``, ``clip_split``,
+    ``clip_transposed``) for the parameters that hold several matrices or store them
+    ``(in, out)``, as :func:`spectra.matrix_param_groups` finds them."""
+    out = {}
+    for group in spectra.matrix_param_groups(model):
+        for p in group["params"]:
+            out[id(p)] = {k: v for k, v in group.items() if k != "params"}
+    return {k: v for k, v in out.items() if v}
 
 
 def mup_lr_multipliers(cfg: TrainConfig) -> dict[str, float]:
@@ -111,7 +128,10 @@ def mup_lr_multipliers(cfg: TrainConfig) -> dict[str, float]:
 
 def plain_groups(groups: Groups, cfg: TrainConfig, lr_lambda: LRLambda) -> Groups:
     """Groups for an optimizer that knows nothing of SPECTRA."""
-    return [{k: v for k, v in g.items() if k != "spectral_clip"} for g in groups]
+    return [
+        {k: v for k, v in g.items() if k != "spectral_clip" and k not in LAYOUT_KEYS}
+        for g in groups
+    ]
 
 
 def muon_groups(groups: Groups, cfg: TrainConfig, lr_lambda: LRLambda) -> Groups:
@@ -172,9 +192,14 @@ def spectral_groups(
             **({"post": post} if post is not None else {}),
         }
     return [
-        {**plain, **(on if g["spectral_clip"] else off)}
+        {**plain, **(on if g["spectral_clip"] else off), **layout_of(g)}
         for g, plain in zip(groups, plain_groups(groups, cfg, lr_lambda), strict=True)
     ]
+
+
+def layout_of(group: dict[str, Any]) -> dict[str, Any]:
+    """The layout settings a group of :func:`param_groups` carries."""
+    return {k: group[k] for k in LAYOUT_KEYS if k in group}
 
 
 # ---------------------------------------------------------------------------------------

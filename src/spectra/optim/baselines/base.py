@@ -32,6 +32,7 @@ from spectra.optim.distributed import (
     sparse_error,
     whole_parameter,
 )
+from spectra.optim.settings import LAYOUT_KEYS, SPECTRA_DEFAULTS
 from spectra.validate import (
     add_checked_group,
     check_params_argument,
@@ -66,6 +67,12 @@ class BaselineOptimizer(Optimizer):
         """torch's ``add_param_group``; a group that fails a check is not added."""
 
         def check(group: dict[str, Any]) -> None:
+            for key in LAYOUT_KEYS:  # (it would step each tensor as one matrix, silently)
+                if group.get(key, SPECTRA_DEFAULTS[key]) != SPECTRA_DEFAULTS[key]:
+                    raise ValueError(
+                        f"{type(self).__name__} takes no {key} (got {group[key]!r}), a setting "
+                        "of spectra's clipping optimizers; give it groups without it"
+                    )
             self._check_group(group)
             self._check_params(group)
 
