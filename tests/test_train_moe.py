@@ -79,3 +79,19 @@ def test_moe_run_resumes_with_each_expert_clipped_as_the_uninterrupted_run(train
     saved = read_checkpoint(Path(cfg.out_dir) / "ckpt" / "step_0000010.pt")["optimizer"]
     layouts = {(g.get("clip_batch_dims"), g.get("clip_split")) for g in saved["param_groups"]}
     assert {(1, ((192, 192), 1)), (1, None)} <= layouts
+
+
+def test_tensor_parallel_and_export_refuse_an_moe_run_in_one_line(train_dataset, tmp_path, capsys):  # noqa: F811
+    # tensor parallelism splits dense matrices only, and the Llama export format has no experts
+    code = main(["train", "--preset", "cpu-moe", "--parallel", "tp", "--out", str(tmp_path / "tp")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "config field 'parallel' = 'tp'" in err and "expert layers" in err
+    assert len(err.splitlines()) == 1
+    cfg = small_config(
+        train_dataset, tmp_path / "moe", **MOE, steps=2, warmup_steps=1, checkpoint_interval=2
+    )
+    train(cfg)
+    code = main(["export", str(tmp_path / "moe"), "--out", str(tmp_path / "hf")])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and "n_experts = 4" in err and "no experts" in err, err
+    assert len(err.splitlines()) == 1

@@ -79,6 +79,11 @@ def rotary_rows(w: Tensor, n_heads: int) -> Tensor:
 def hf_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     """The weights of ``LlamaForCausalLM`` equal to ``model`` (μP folded; tied: one table)."""
     cfg = model.cfg
+    if getattr(cfg, "n_experts", 0):
+        raise CLIError(
+            f"a run with expert layers (n_experts = {cfg.n_experts}) cannot be exported: the "
+            "Hugging Face Llama format has no experts"
+        )
     mup = cfg.mup_base_width is not None
     if mup and cfg.tie_embeddings:
         raise CLIError(
@@ -218,8 +223,9 @@ def export_hf(ckpt: str | Path, out: str | Path) -> Path:
     from spectra_lab.runs.model import load_model
 
     model, state = load_model(ckpt, option="RUN")
+    # refuses expert layers and μP with tied embeddings before anything else
+    weights = hf_state_dict(model)
     tokenizer = load_tokenizer(Path(state["dataset_dir"]))
-    weights = hf_state_dict(model)  # refuses μP with tied embeddings before writing anything
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(tokenizer, out, model.cfg.seq_len)

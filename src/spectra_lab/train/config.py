@@ -243,6 +243,12 @@ class TrainConfig:
                 and (self.pre_clip_c is None or self.pre_clip_c_final > self.pre_clip_c),
                 "must not exceed pre_clip_c",
             ),
+            (
+                "parallel",
+                self.parallel in ("tp", "2d") and _has_experts(self.preset),
+                f"the {self.preset!r} preset has expert layers, which tensor parallelism does "
+                "not split; use 'ddp' or 'fsdp2'",
+            ),
         )
         for name, broken, why in rules:
             if broken:
@@ -434,6 +440,12 @@ def did_you_mean(value: Any, choices: Any) -> str:
     plain = {str(c).replace("_", "-").lower(): str(c) for c in choices}
     close = difflib.get_close_matches(value.replace("_", "-").lower(), list(plain), n=1)
     return f" (did you mean '{plain[close[0]]}'?)" if close else ""
+
+
+def _has_experts(preset: str) -> bool:
+    from spectra_lab.model.llama import PRESETS
+
+    return bool(PRESETS.get(preset, {}).get("n_experts", 0))
 
 
 def _unknown(name: str, source: str) -> ConfigError:
