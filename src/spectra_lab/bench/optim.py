@@ -337,14 +337,16 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
 def _setup(method: str, settings: BenchSettings) -> tuple[list[Tensor], Any]:
     """Fresh parameters of the settings' shapes with fixed random gradients, and ``method``'s
     optimizer."""
-    g = torch.Generator(device="cpu").manual_seed(settings.seed)
+    # drawn on the device: at the 780M shapes drawing on the host and copying took longer than
+    # the steps (the values differ between devices; a step's time does not depend on them)
     device, dtype = settings.device, settings.dtype
+    g = torch.Generator(device=device).manual_seed(settings.seed)
     params = [
-        (0.02 * torch.randn(s, generator=g)).to(device=device, dtype=dtype).requires_grad_()
+        (0.02 * torch.randn(s, generator=g, device=device)).to(dtype).requires_grad_()
         for s in settings.shapes
     ]
     for p in params:
-        p.grad = (0.01 * torch.randn(p.shape, generator=g)).to(device=device, dtype=dtype)
+        p.grad = (0.01 * torch.randn(p.shape, generator=g, device=device)).to(dtype)
     return params, make_optimizer(method, params, 1e-3, settings.clip_c)
 
 
