@@ -135,3 +135,52 @@ def test_every_rows_gram_factor_gives_its_operator_from_g_alone(kind, method):
     else:
         same = orthogonalize(X, method=method, ns_dtype=torch.float32)
         assert rel_err(Y, same.double()) < 1e-4
+
+
+def test_the_cpu_bf16_override_reads_0_1_or_unset_and_names_any_other_value():
+    from spectra.ops._common import CPU_BF16_ENV, cpu_bf16_override
+
+    assert CPU_BF16_ENV == "SPECTRA_CPU_BF16_UNITS"
+    assert cpu_bf16_override(None) is None and cpu_bf16_override("") is None
+    assert cpu_bf16_override("0") is False and cpu_bf16_override("1") is True
+    for bad in ("2", "yes", "false", " 0"):
+        with pytest.raises(ValueError, match=f"SPECTRA_CPU_BF16_UNITS.*{bad!r}"):
+            cpu_bf16_override(bad)
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_the_cpu_bf16_override_sets_the_default_and_the_report_says_so(value):
+    # a fresh process: the probe's answer is read once, at import
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    code = (
+        "import torch; from spectra.ops import _common, methods; "
+        "from spectra_lab.bench.precision import cpu_bf16; "
+        "print(_common.CPU_HAS_BF16_UNITS, methods.default_method('soft_clip', "
+        "torch.device('cpu'), torch.float32), _common.bf16_matmul(torch.ones(2, 2, "
+        "dtype=torch.bfloat16), torch.ones(2, 2, dtype=torch.bfloat16)).sum().item()); "
+        "print(cpu_bf16())"
+    )
+    env = {**os.environ, "SPECTRA_CPU_BF16_UNITS": value, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.splitlines()  # fmt: skip
+    told = value == "1"
+    assert out[0] == f"{told} {'mixed' if told else 'eigh'} 8.0"
+    from spectra.ops._common import _cpu_has_bf16_units
+
+    has = _cpu_has_bf16_units()
+    if has == told:
+        assert out[1] in ("emulated", "native (AMX)", "native (AVX-512 BF16)")
+    else:
+        assert out[1].startswith(("emulated (SPECTRA_CPU_BF16_UNITS=0; the CPU has ",
+                                  "native (SPECTRA_CPU_BF16_UNITS=1; the CPU has no"))  # fmt: skip
+    env["SPECTRA_CPU_BF16_UNITS"] = "maybe"
+    bad = subprocess.run([sys.executable, "-c", "import spectra"], env=env, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert bad.returncode != 0 and "SPECTRA_CPU_BF16_UNITS must be 0, 1 or unset, got 'maybe'" in (
+        bad.stderr
+    )

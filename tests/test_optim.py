@@ -711,6 +711,57 @@ def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each()
         torch.set_num_threads(threads)
 
 
+def test_the_exact_clip_of_small_matrices_runs_side_by_side_within_1e_2_of_float64_svd(
+    monkeypatch,
+):
+    # The main job's shapes on a CPU without bf16 units (where "auto" is "eigh"): with the
+    # batch floor the 192-row Gram matrices run in batches of three on the two threads
+    # instead of one at a time on the caller's, and every result stays at the exact method's
+    # error on the stress inputs (Adam-like, sign and Gaussian directions, spikes to 1e3·c)
+    import threading
+
+    from spectra.ops import _common, batched_apply_, methods, soft_clip
+    from spectra_lab.bench.matrices import spiked
+
+    monkeypatch.setattr(_common, "CPU_HAS_BF16_UNITS", False)
+    assert methods.default_method("soft_clip", torch.device("cpu"), torch.float32) == "eigh"
+    c = 0.5
+    cases = [
+        ((192, 192), "adam", 1.0),
+        ((192, 192), "sign", 30.0),
+        ((192, 192), "gauss", 1e3),
+        ((192, 192), "adam", 30.0),
+        ((192, 192), "sign", 1.0),
+        ((192, 192), "gauss", 3.0),
+        ((512, 192), "adam", 1e3),
+        ((512, 192), "sign", 10.0),
+        ((512, 192), "gauss", 1.0),
+        ((192, 512), "adam", 30.0),
+        ((192, 512), "sign", 1e3),
+        ((192, 512), "gauss", 0.5),
+    ]
+    mats = [spiked(shape, c, spike, kind=kind, seed=i)
+            for i, (shape, kind, spike) in enumerate(cases)]  # fmt: skip
+    refs = [soft_ref(m.double(), c) for m in mats]
+    seen = []
+
+    def op(X):
+        seen.append((threading.get_ident(), torch.get_num_threads(), X.shape[0]))
+        return soft_clip(X, c)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        batched_apply_(op, mats)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(s[2] for s in seen) == [1] * 6 + [3, 3]
+    assert threading.get_ident() not in {s[0] for s in seen} and {s[1] for s in seen} == {1}
+    errors = [float(torch.linalg.vector_norm(m.double() - r) / torch.linalg.vector_norm(r))
+              for m, r in zip(mats, refs, strict=True)]  # fmt: skip
+    assert max(errors) <= 1e-2, errors
+
+
 def test_batched_apply_runs_matmul_only_batches_of_an_eighth_on_the_calling_thread(monkeypatch):
     import threading
 
@@ -753,8 +804,20 @@ def test_batched_apply_runs_matmul_only_batches_of_an_eighth_on_the_calling_thre
         assert sorted(s[2] for s in products.seen) == sorted(sizes)
         # any other op: total/32 (400 elements here, under every matrix: one matrix a batch)
         other = Op(False)
+        monkeypatch.setattr(batched, "MIN_BATCH", 0)
         batched_apply_(other, [m.clone() for m in mats])
         assert total // BATCH_FRACTION < 512 and [s[2] for s in other.seen] == [1] * 24
+        # ...but at least MIN_BATCH elements: one batch per shape here, the two side by side
+        # on the workers with one intra-op thread each
+        monkeypatch.setattr(batched, "MIN_BATCH", 2 * total)
+        other.seen.clear()
+        out = [m.clone() for m in mats]
+        batched_apply_(other, out)
+        assert sorted(s[2] for s in other.seen) == [8, 16]
+        assert {s[1] for s in other.seen} == {1}
+        assert threading.get_ident() not in {s[0] for s in other.seen}
+        for m, e in zip(out, expected, strict=True):
+            torch.testing.assert_close(m, e, rtol=2e-3, atol=2e-4)
         out = [m.clone() for m in mats]
         batched_apply_(products, out)
         for m, e in zip(out, expected, strict=True):

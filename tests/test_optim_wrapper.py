@@ -233,6 +233,7 @@ def test_native_step_peak_memory_near_torch_adamw_foreach(method, bound, monkeyp
     import spectra.ops.batched as batched
 
     monkeypatch.setattr(batched, "MATMUL_MIN_BATCH", 0)  # the eighth, not the floor
+    monkeypatch.setattr(batched, "MIN_BATCH", 0)  # 1/32, not the floor
     resident_t, transient_t, _ = _transient(
         lambda ps: torch.optim.AdamW(ps, foreach=True, weight_decay=0.1)
     )
@@ -245,6 +246,15 @@ def test_native_step_peak_memory_near_torch_adamw_foreach(method, bound, monkeyp
     # torch's transient is one full-size temporary; ours is bounded by the chunks.
     param_bytes = sum(p.numel() * 4 for p in ps)
     assert transient_t >= param_bytes
+    if method == "eigh":
+        # With the floor a batch holds up to MIN_BATCH elements (here two of the four that
+        # are clipped): the transient is one parameter-sized direction and at most 24 bytes
+        # per floor element (the float64 stack, result and temporaries; measured 16)
+        monkeypatch.setattr(batched, "MIN_BATCH", 2**18)
+        clipped = sum(p.numel() for p in ps if p.dim() == 2)
+        assert clipped > batched.MIN_BATCH
+        _, transient_floor, _ = _transient(lambda ps: so.AdamW(ps, clip_c=0.01, clip_method=method))
+        assert transient_s <= transient_floor <= param_bytes + 24 * batched.MIN_BATCH
     if method == "mixed":
         # Under MATMUL_MIN_BATCH elements in all (as here) each shape is one batch: the
         # transient is then bounded by the clipped elements, at most 32 bytes each for the
@@ -281,7 +291,10 @@ def test_step_memory_on_the_threaded_path_measured_as_resident_set():
     )
 
 
-def test_wrapper_keeps_no_copy_of_the_parameters():
+def test_wrapper_keeps_no_copy_of_the_parameters(monkeypatch):
+    import spectra.ops.batched as batched
+
+    monkeypatch.setattr(batched, "MIN_BATCH", 0)  # 1/32 of the elements, not the floor
     shapes = [(64, 48)] * 30 + [(48,)] * 4
     # the exact route, whose batches are 1/32 of the elements ("mixed" takes 1/8, see above)
     _, transient_w, ps = _transient(

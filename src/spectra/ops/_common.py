@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 
 import torch
@@ -79,11 +80,32 @@ def _cpu_has_bf16_units() -> bool:
     return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)
 
 
-#: The CPU probe's answer, read once at import (every optimizer step asks, and the CPU cannot
-#: change under a process). A plain constant rather than a ``functools.cache``: torch.compile
-#: traces through a cache wrapper and warns of "potential silent incorrectness" for it, while
-#: it reads a module constant as the constant it is.
-CPU_HAS_BF16_UNITS = _cpu_has_bf16_units()
+#: The environment variable that overrides the CPU probe: ``0`` makes the operators take the
+#: path of a CPU without bf16 units (to measure that path on a CPU that has them), ``1`` the
+#: path of one with them; unset or empty, the probe decides.
+CPU_BF16_ENV = "SPECTRA_CPU_BF16_UNITS"
+
+
+def cpu_bf16_override(value: str | None) -> bool | None:
+    """What a value of :data:`CPU_BF16_ENV` says: ``None`` (unset or empty: the probe decides),
+    or whether to take the CPU's bf16 path; ValueError naming any other value."""
+    if value is None or value == "":
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"{CPU_BF16_ENV} must be 0, 1 or unset, got {value!r}")
+    return value == "1"
+
+
+def _cpu_bf16_answer() -> bool:
+    override = cpu_bf16_override(os.environ.get(CPU_BF16_ENV))
+    return _cpu_has_bf16_units() if override is None else override
+
+
+#: The CPU probe's answer (or :data:`CPU_BF16_ENV`'s), read once at import (every optimizer
+#: step asks, and the CPU cannot change under a process). A plain constant rather than a
+#: ``functools.cache``: torch.compile traces through a cache wrapper and warns of "potential
+#: silent incorrectness" for it, while it reads a module constant as the constant it is.
+CPU_HAS_BF16_UNITS = _cpu_bf16_answer()
 
 
 def has_bf16_units(device: torch.device) -> bool:

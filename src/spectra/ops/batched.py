@@ -10,9 +10,9 @@ from torch import Tensor
 
 from spectra.ops._common import single_thread_lapack
 
-#: ``max_elements=None`` caps a batch at ``total / BATCH_FRACTION`` elements (or one matrix, if
-#: larger): the operators' float64 temporaries are several times their batch, and this keeps
-#: them at a small fraction of all the matrices.
+#: ``max_elements=None`` caps a batch at ``total / BATCH_FRACTION`` elements (but at least
+#: ``MIN_BATCH``, below; or one matrix, if larger): the operators' float64 temporaries are
+#: several times their batch, and this keeps them at a small fraction of all the matrices.
 BATCH_FRACTION = 32
 #: The same for operators with products only (``op.matmul_only(X)``, the matmul-only soft
 #: clips), whose products run faster on larger batches; on the CPU their batches run one after
@@ -26,6 +26,12 @@ MATMUL_BATCH_FRACTION = 8
 #: of 1/8 and 30.8 ms with three at this floor (two threads, a CPU with bf16 units;
 #: experiments/batch_floor_ab.py).
 MATMUL_MIN_BATCH = 2**20
+#: The other ops' batches are never below this many elements (1 MiB of float32) either: on
+#: the CPU a batch runs side by side with the others only while it fits ``cap / threads``, so
+#: with a cap of 1/32 of a small step every matrix ran alone, one after another. The main job's
+#: 28 eigendecompositions of 192 × 192 then ran serially; with this floor they run in batches of
+#: three on two threads (experiments/clip_method_step.py, docs/operators.md).
+MIN_BATCH = 2**18
 #: The deferred batches of a call (off the CPU) wait for their host read holding their pending
 #: state, about ``2·min(m, n)²`` numbers a matrix for the polar methods (G and G²): up to twice
 #: the matrices themselves, which made the GPU step's peak 1.58× torch AdamW's on an H200. A
@@ -61,7 +67,7 @@ def _cap(products: bool, max_elements: int | None, total: int) -> int:
         return max_elements
     if products:
         return max(MATMUL_MIN_BATCH, -(-total // MATMUL_BATCH_FRACTION))
-    return -(-total // BATCH_FRACTION)
+    return max(MIN_BATCH, -(-total // BATCH_FRACTION))
 
 
 def _products(op: Callable, mats: Sequence[Tensor]) -> bool:
@@ -100,7 +106,8 @@ def batched_apply_(
     ``op`` maps a ``(B, m, n)`` batch to a tensor of the same shape (any operator of
     :mod:`spectra.ops`). Matrices that share shape, dtype and device are stacked into batches of
     at most ``max_elements`` elements (at least one matrix each; ``None``: the elements of all
-    the call's matrices over :data:`BATCH_FRACTION`, or for an ``op`` whose ``matmul_only(X)``
+    the call's matrices over :data:`BATCH_FRACTION` but at least :data:`MIN_BATCH`, or for an
+    ``op`` whose ``matmul_only(X)``
     is true over :data:`MATMUL_BATCH_FRACTION` but at least :data:`MATMUL_MIN_BATCH`) and the
     results are copied back. The transient memory of a call is one batch, its stack and
     ``op``'s own temporaries (off the CPU, see :func:`batched_apply_all_`).

@@ -11,6 +11,15 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
 * ``spectra-adamw-chunked``: the same with ``chunk_elements`` = max(largest parameter,
   total / 8), the step run an eighth of the parameters at a time;
 * ``spectra-wrap``: ``spectra.Spectra(torch.optim.AdamW(...), clip_c=10)``;
+* ``torch-adamw-fused``: ``torch.optim.AdamW(fused=True)`` (one fused kernel per dtype and
+  device; where torch has none for the device it is skipped with a line that says so);
+* ``torch-muon``: ``torch.optim.Muon`` (5 Newton–Schulz steps in bf16) on the hidden matrices
+  (2-D, both sides under ``spectra.optim.baselines.dmuon.MUON_MAX_DIM``) and
+  ``torch.optim.AdamW`` on the rest, as torch's docs set the two up (their example's
+  ``lr=0.02, momentum=0.95`` and ``lr=3e-4, weight_decay=0.01``; ``adjust_lr_fn`` left at its
+  default, ``"original"``);
+* ``spectra-dmuon``: ``spectra.DMuon`` (Muon with AdamW's update RMS on the hidden matrices,
+  AdamW on the rest, the SPECTRA paper's D-Muon baseline);
 * ``spectra-noclip`` (only on request): ``spectra.AdamW(clip_c=None)``;
 * ``spectra-adamw-eigh``, ``-polar``, ``-mixed`` (only on request): ``spectra-adamw`` with
   that ``clip_method``;
@@ -27,7 +36,12 @@ products through float32 (:func:`spectra.ops._common.bf16_matmul`), so there the
 costs about what the float32 run does.
 
 Time: median wall time of ``step()`` over ``--repeats`` steps after ``--warmup`` steps (the
-gradients are fixed random tensors; CUDA is synchronised around each step).
+gradients are fixed random tensors; CUDA is synchronised around each step). Every row runs in
+the same process on the same shapes; each row's time is also given as a multiple of
+``torch-adamw``'s and, where ``torch-muon`` ran, of ``torch-muon``'s.
+
+``--profile PATH`` also writes ``torch.profiler``'s table of one more step of the first
+method (the 30 operators or kernels that took the most time: CUDA time on CUDA).
 
 Memory: the peak of a steady-state step (after the state exists), on the path that runs. On
 CUDA it is ``torch.cuda.max_memory_allocated`` during the step. On the CPU each method runs
@@ -64,6 +78,7 @@ import spectra.optim as so
 from spectra.ops import soft_clip_paper
 from spectra.optim.wrapper import eighth_chunks
 from spectra.validate import check_int
+from spectra_lab.bench.peers import MuonWithAdamW, fused_adamw_note
 from spectra_lab.bench.precision import add_tf32_argument, apply_tf32, device_about
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
@@ -71,6 +86,9 @@ from spectra_lab.files import atomic_write
 METHODS = (
     "torch-adamw",
     "torch-adamw-loop",
+    "torch-adamw-fused",
+    "torch-muon",
+    "spectra-dmuon",
     "spectra-adamw",
     "spectra-adamw-chunked",
     "spectra-wrap",
@@ -195,6 +213,7 @@ def optimizer_tensors(params: list[Tensor], opt: Any) -> list[Tensor]:
     base = getattr(opt, "base", None)
     if base is not None:
         states.append(base.state)
+    states += [o.state for o in getattr(opt, "optimizers", ())]
     for st in states:
         for s in st.values():
             out += [v for v in s.values() if isinstance(v, Tensor) and v.numel() > 0]
@@ -292,6 +311,12 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
         return torch.optim.AdamW(params, foreach=True, **kw)
     if method == "torch-adamw-loop":
         return torch.optim.AdamW(params, foreach=False, **kw)
+    if method == "torch-adamw-fused":
+        return torch.optim.AdamW(params, fused=True, **kw)
+    if method == "torch-muon":
+        return MuonWithAdamW(params)
+    if method == "spectra-dmuon":
+        return so.DMuon(params, lr=lr, weight_decay=0.1)
     if method == "spectra-adamw":
         return so.AdamW(params, clip_c=clip_c, **kw)
     if method == "spectra-adamw-chunked":
@@ -312,14 +337,16 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
 def _setup(method: str, settings: BenchSettings) -> tuple[list[Tensor], Any]:
     """Fresh parameters of the settings' shapes with fixed random gradients, and ``method``'s
     optimizer."""
-    g = torch.Generator(device="cpu").manual_seed(settings.seed)
+    # drawn on the device: at the 780M shapes drawing on the host and copying took longer than
+    # the steps (the values differ between devices; a step's time does not depend on them)
     device, dtype = settings.device, settings.dtype
+    g = torch.Generator(device=device).manual_seed(settings.seed)
     params = [
-        (0.02 * torch.randn(s, generator=g)).to(device=device, dtype=dtype).requires_grad_()
+        (0.02 * torch.randn(s, generator=g, device=device)).to(dtype).requires_grad_()
         for s in settings.shapes
     ]
     for p in params:
-        p.grad = (0.01 * torch.randn(p.shape, generator=g)).to(device=device, dtype=dtype)
+        p.grad = (0.01 * torch.randn(p.shape, generator=g, device=device)).to(dtype)
     return params, make_optimizer(method, params, 1e-3, settings.clip_c)
 
 
@@ -364,8 +391,10 @@ def run_benchmark(
             progress(row)
         rows.append(row)
     by_name = {r["method"]: r for r in rows}
-    base = by_name.get("torch-adamw")
+    base, muon = by_name.get("torch-adamw"), by_name.get("torch-muon")
     for r in rows:
+        if muon is not None:
+            r["vs_muon"] = r["step_s"] / muon["step_s"]
         if base is not None:
             r["time_ratio"] = r["step_s"] / base["step_s"]
             if measure_memory and r["peak_bytes"] and base["peak_bytes"]:
@@ -394,21 +423,23 @@ def format_table(report: dict[str, Any]) -> str:
     def num(x: float | None, fmt: str, scale: float = 1.0) -> str:
         return "–" if x is None else f"{x / scale:{fmt}}"
 
+    muon = any("vs_muon" in r for r in report["rows"])  # a column only where Muon ran
     lines = [
         f"device {report['device']}, {report['dtype']}, {report['num_params'] / 1e6:.1f}M "
         f"parameters in {report['num_tensors']} tensors, median of {report['repeats']} steps, "
         f"{report['threads']} threads, torch {report['torch']}",
         f"memory: {report.get('memory', 'not measured')}",
         "",
-        "| method | step (s) | × torch | × paper bf16 | × paper fp32 | peak MiB | × torch "
-        "| transient MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+        "| method | step (s) | × torch" + (" | × torch Muon" if muon else "")
+        + " | × paper bf16 | × paper fp32 | peak MiB | × torch | transient MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if muon else ""),
+    ]  # fmt: skip
     for r in report["rows"]:
         cells = [
             f"`{r['method']}`",
             num(r["step_s"], ".3f"),
             num(r.get("time_ratio"), ".2f"),
+            *([num(r.get("vs_muon"), ".2f")] if muon else []),
             num(r.get("vs_bf16"), ".3f"),
             num(r.get("vs_fp32"), ".3f"),
             num(r.get("peak_bytes"), ".0f", 1 << 20),
@@ -463,6 +494,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="also write torch.profiler's top 30 of one step of the first method here",
+    )
     add_tf32_argument(parser)
 
 
@@ -488,6 +525,11 @@ def run(args: argparse.Namespace) -> int:
         shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
     methods = tuple(args.methods or METHODS)
     notes = []
+    if "torch-adamw-fused" in methods:
+        fused = fused_adamw_note(torch.device(args.device), getattr(torch, args.dtype))
+        if fused is not None:
+            methods = tuple(m for m in methods if m != "torch-adamw-fused")
+            notes.append(fused)
     if args.methods is None:
         slow, bf16, fp32 = bf16_is_slow(torch.device(args.device))
         if slow:
@@ -516,4 +558,27 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(report), flush=True)
     if args.json:
         _write_json(args.json, report)
+    if args.profile:
+        atomic_write(args.profile, profile_table(methods[0], settings))
     return 0
+
+
+def profile_table(method: str, settings: BenchSettings, rows: int = 30) -> str:
+    """``torch.profiler``'s table of one step of ``method`` after ``settings.warmup`` untimed
+    ones (at least one): the ``rows`` operators (CUDA: kernels) that took the most time."""
+    _params, opt = _setup(method, settings)
+    device = settings.device
+    for _ in range(max(1, settings.warmup)):
+        opt.step()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    _sync(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        opt.step()
+        _sync(device)
+    key = "cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    head = (f"one {method} step, {len(settings.shapes)} tensors of "
+            f"{sum(int(torch.Size(s).numel()) for s in settings.shapes) / 1e6:.1f}M parameters, "
+            f"{settings.dtype}, {device}, torch {torch.__version__}, sorted by {key}")  # fmt: skip
+    return head + "\n" + prof.key_averages().table(sort_by=key, row_limit=rows) + "\n"

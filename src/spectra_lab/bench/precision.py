@@ -29,13 +29,27 @@ def apply_tf32(args: argparse.Namespace) -> None:
 
 def cpu_bf16() -> str:
     """How this CPU multiplies bf16 matrices: ``"native (AMX)"``, ``"native (AVX-512 BF16)"``
-    or ``"emulated"`` (through float32, :func:`spectra.ops._common.bf16_matmul`)."""
+    or ``"emulated"`` (through float32, :func:`spectra.ops._common.bf16_matmul`); where
+    ``SPECTRA_CPU_BF16_UNITS`` overrides the probe, what the operators were told and what the
+    CPU has, e.g. ``"emulated (SPECTRA_CPU_BF16_UNITS=0; the CPU has AVX-512 BF16)"``."""
+    from spectra.ops import _common
+
     cpu = getattr(torch, "cpu", None)
     if bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()):
-        return "native (AMX)"
-    if bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()):
-        return "native (AVX-512 BF16)"
-    return "emulated"
+        units = "AMX"
+    elif bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()):
+        units = "AVX-512 BF16"
+    else:
+        units = None
+    told = _common.CPU_HAS_BF16_UNITS
+    if told == (units is not None):
+        return f"native ({units})" if units else "emulated"
+    env = f"{_common.CPU_BF16_ENV}={int(told)}"
+    return (
+        f"native ({env}; the CPU has no bf16 units)"
+        if told
+        else (f"emulated ({env}; the CPU has {units})")
+    )
 
 
 def device_about(device: torch.device | str) -> dict[str, Any]:

@@ -1,33 +1,43 @@
-"""``spectra bench gpu-check`` (``make gpu-check``): every GPU check in one command.
+"""``spectra bench gpu-check`` (``make gpu-check``): the GPU checks in one command.
 
 Run as it is on a machine with a CUDA GPU, with that machine's own ``python3`` and torch
 (``make gpu-check`` puts ``src/`` on ``PYTHONPATH``; nothing is installed). Each part runs in
-its own process, so that one failing part leaves the others their say, and writes JSON under
-``--out`` (default ``docs/data/gpu/``):
+its own process, so that one failing part leaves the others their say, and writes its file
+under ``--out`` (default ``docs/data/gpu/``). The parts run in this order, the optimizer step
+beside its peers first:
 
 ============================  ===============================================================
+``bench_optim.json``          ``spectra bench optim`` at the 124M shapes: torch AdamW
+                              (foreach and fused), ``torch.optim.Muon`` with torch AdamW,
+                              D-Muon, Spectra-AdamW (default and ``mixed``) and the paper's
+                              bf16 wrapper, in one process; step time and peak memory
+``bench_optim_780m.json``     the same rows but the paper's wrapper at the 780M shapes (32
+                              layers, width 1280, SwiGLU 3584), without the memory
+``profile_124m_step.txt``     ``torch.profiler``'s top 30 CUDA kernels of one default
+                              Spectra-AdamW step at the 124M shapes
 ``tests.json``                ``pytest -m cuda``: every operator and optimizer on CUDA in
                               float32 and bf16, bf16 autocast, ``torch.compile`` of the step,
                               NCCL with world size 1 through the FSDP2 path and the trainer
-``train.json``                the 124M model, a few dozen steps under bf16 autocast, eager and
-                              ``torch.compile``-d, Spectra-AdamW against torch AdamW:
+``train.json``                the 124M model, ``TRAIN_STEPS`` steps under bf16 autocast, eager
+                              and ``torch.compile``-d, Spectra-AdamW against torch AdamW:
                               tokens/s, MFU and peak memory (median over the steps after the
                               first ``TRAIN_SKIP``; random tokens from a 50304-token
                               vocabulary, since a step's time does not depend on them)
-``bench_ops[_tf32].json``     ``spectra bench ops`` at the paper's shapes against the paper's
-                              bf16 Algorithm 1, float32 products in full precision / TF32
-``bench_optim[_tf32].json``   ``spectra bench optim`` at the 124M shapes against the paper's
-                              bf16 wrapper, likewise
-``bench_optim_780m*.json``    the same at the 780M shapes (32 layers, width 1280, SwiGLU
-                              3584), where products rather than launches set the time:
-                              ``polar`` and ``mixed`` against the paper's bf16 wrapper
+``bench_ops.json``            ``spectra bench ops`` at the paper's shapes against the paper's
+                              bf16 Algorithm 1
+``bench_optim_tf32.json``,    the 124M ``bench optim`` and ``bench ops`` again with TF32
+``bench_ops_tf32.json``       float32 products
 ``gpu_check.json``            the index: GPU, torch, CUDA, commit, each part's status,
                               seconds and headline figures (rewritten after every part)
 ============================  ===============================================================
 
 A part is recorded as not run when less than 80% of its own time limit is left of
-``--budget`` seconds (default 540, inside a 10-minute allotment). Without a CUDA GPU the
-command prints one line and exits 0. The exit status is 1 when a part failed.
+``--budget`` seconds (default ``DEFAULT_BUDGET``, 330: the whole command within about six
+minutes on an H100, so that fifteen minutes of a lent GPU leave room for a second, targeted
+run). ``--archive PATH`` also packs every file the run wrote, the index and ``summary.md``
+(the tables of docs/gpu.md) into one ``.tar.gz``, for a machine that brings back only a few
+files. Without a CUDA GPU the command prints one line and exits 0. The exit status is 1 when
+a part failed.
 """
 
 from __future__ import annotations
@@ -50,12 +60,14 @@ import torch
 
 from spectra.validate import check_number
 from spectra_lab.errors import CLIError
-from spectra_lab.files import write_json_atomic
+from spectra_lab.files import atomic_write, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = ROOT / "docs" / "data" / "gpu"
+#: The whole command's seconds unless ``--budget`` says otherwise (module docstring)
+DEFAULT_BUDGET = 330.0
 #: The 124M training runs: steps, sequences per step, steps left out of the medians
-TRAIN_STEPS, TRAIN_BATCH, TRAIN_SKIP = 40, 16, 10
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_SKIP = 30, 16, 10
 TRAIN_VOCAB, TRAIN_TOKENS = 50304, 2_000_000
 #: The operator benchmark's cells: the paper's 124M shapes, Adam-like, sign and recorded inputs
 OPS_ARGS = (
@@ -63,17 +75,21 @@ OPS_ARGS = (
     "--dtypes", "fp32", "bf16", "--methods", "auto", "polar", "mixed", "polar_bf16",
     "paper_bf16", "paper_fp32", "--paper-bf16", "always", "--repeats", "10", "--no-progress",
 )  # fmt: skip
+#: The rows beside SPECTRA at both sizes: torch AdamW (foreach, fused), torch's Muon with
+#: torch AdamW, D-Muon
+PEERS = ("torch-adamw", "torch-adamw-fused", "torch-muon", "spectra-dmuon")
 OPTIM_ARGS = (
-    "--repeats", "10", "--warmup", "2", "--methods", "torch-adamw", "torch-adamw-loop",
-    "spectra-adamw", "spectra-adamw-mixed", "spectra-adamw-chunked", "spectra-wrap",
-    "paper-wrap-bf16", "paper-wrap-fp32",
+    "--repeats", "10", "--warmup", "2", "--methods", *PEERS, "spectra-adamw",
+    "spectra-adamw-mixed", "paper-wrap-bf16",
 )  # fmt: skip
-#: The 780M shapes and the methods timed there (a few repeats: a step takes 0.2-0.5 s)
+#: The 780M shapes and the rows timed there (a few repeats: a step takes 0.1-0.5 s)
 OPTIM_780M_ARGS = (
-    "--layers", "32", "--dim", "1280", "--hidden", "3584", "--methods", "torch-adamw",
-    "spectra-adamw-polar", "spectra-adamw-mixed", "paper-wrap-bf16", "--repeats", "4",
-    "--warmup", "2", "--no-memory",
+    "--layers", "32", "--dim", "1280", "--hidden", "3584", "--methods", *PEERS,
+    "spectra-adamw", "spectra-adamw-mixed", "--repeats", "4", "--warmup", "2", "--no-memory",
 )  # fmt: skip
+#: One default Spectra-AdamW step at the 124M shapes under torch.profiler
+PROFILE_FILE = "profile_124m_step.txt"
+PROFILE_ARGS = ("--methods", "spectra-adamw", "--repeats", "1", "--warmup", "3", "--no-memory")
 TAIL = 3000  # characters of a failed part's output kept in the index
 
 
@@ -82,7 +98,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", default=str(DEFAULT_OUT), help="folder of the JSON files (docs/data/gpu)"
     )
     parser.add_argument(
-        "--budget", type=float, default=540.0, help="seconds for all parts together (540)"
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET,
+        help=f"seconds for all parts together ({DEFAULT_BUDGET:.0f})",
+    )
+    parser.add_argument(
+        "--archive",
+        default=None,
+        metavar="PATH",
+        help="also pack every file the run wrote into this .tar.gz",
     )
 
 
@@ -142,7 +167,8 @@ def check_tests(out: Path, timeout: float) -> dict[str, Any]:
     write_json_atomic(out / "tests.json", {**summary, "cases": results})
     ok = status == 0 and not summary["failed"]
     head = {k: v if isinstance(v, int | float) else len(v) for k, v in summary.items()}
-    return {"status": "passed" if ok else "failed", **head} | ({} if ok else failed(status, output))
+    result = {"status": "passed" if ok else "failed", "file": "tests.json", **head}
+    return result | ({} if ok else failed(status, output))
 
 
 def _case(case: ET.Element) -> dict[str, Any]:
@@ -185,11 +211,26 @@ def check_bench_optim(out: Path, timeout: float, tf32: bool, size: str = "") -> 
     if status != 0:
         return failed(status, output)
     rows = json.loads((out / name).read_text())["rows"]
+
+    def ratios(key: str) -> dict[str, float]:
+        return {r["method"]: round(r[key], 3) for r in rows if r.get(key) is not None}
+
     return {
         "status": "passed", "file": name,
         "step_ms": {r["method"]: round(1e3 * r["step_s"], 2) for r in rows},
-        "vs_paper_bf16": {r["method"]: round(r["vs_bf16"], 3) for r in rows if "vs_bf16" in r},
+        "vs_paper_bf16": ratios("vs_bf16"), "vs_torch_adamw": ratios("time_ratio"),
+        "vs_torch_muon": ratios("vs_muon"), "peak_vs_torch_adamw": ratios("peak_ratio"),
     }  # fmt: skip
+
+
+def check_profile(out: Path, timeout: float) -> dict[str, Any]:
+    """``torch.profiler``'s top kernels of one default Spectra-AdamW step at the 124M shapes."""
+    cmd = spectra_command("bench", "optim", "--device", "cuda", *PROFILE_ARGS, "--profile",
+                          str(out / PROFILE_FILE))  # fmt: skip
+    status, output = run_process(cmd, timeout)
+    if status != 0 or not (out / PROFILE_FILE).exists():
+        return failed(status, output)
+    return {"status": "passed", "file": PROFILE_FILE}
 
 
 def check_training(out: Path, timeout: float) -> dict[str, Any]:
@@ -262,15 +303,16 @@ def _throughput(run_dir: Path) -> dict[str, Any]:
 
 
 PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
-    # name: (part, its time limit in seconds)
-    "tests": (check_tests, 240.0),
-    "train": (check_training, 240.0),
-    "bench_ops": (lambda out, t: check_bench_ops(out, t, tf32=False), 120.0),
+    # name: (part, its time limit in seconds), in the order they run: the step beside its
+    # peers, its profile and the CUDA tests first; the rest as the budget allows
     "bench_optim": (lambda out, t: check_bench_optim(out, t, tf32=False), 90.0),
-    "bench_optim_780m": (lambda out, t: check_bench_optim(out, t, False, "780m"), 90.0),
-    "bench_ops_tf32": (lambda out, t: check_bench_ops(out, t, tf32=True), 120.0),
+    "bench_optim_780m": (lambda out, t: check_bench_optim(out, t, False, "780m"), 120.0),
+    "profile": (check_profile, 60.0),
+    "tests": (check_tests, 200.0),
+    "train": (check_training, 160.0),
+    "bench_ops": (lambda out, t: check_bench_ops(out, t, tf32=False), 60.0),
     "bench_optim_tf32": (lambda out, t: check_bench_optim(out, t, tf32=True), 90.0),
-    "bench_optim_780m_tf32": (lambda out, t: check_bench_optim(out, t, True, "780m"), 90.0),
+    "bench_ops_tf32": (lambda out, t: check_bench_ops(out, t, tf32=True), 60.0),
 }
 
 
@@ -291,9 +333,39 @@ def about_machine() -> dict[str, Any]:
     }
 
 
+def check_archive(path: str | None) -> None:
+    """ValueError naming ``--archive PATH`` unless it ends in ``.tar.gz`` in an existing folder."""
+    if path is None:
+        return
+    if not path.endswith(".tar.gz"):
+        raise ValueError(f"--archive must name a .tar.gz file, got {path!r}")
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise ValueError(f"--archive {path!r}: no folder {str(folder)!r}")
+
+
+def write_archive(path: str | Path, out: Path, index: dict[str, Any]) -> list[str]:
+    """Pack the index, ``summary.md`` and every part's file under ``out`` into the ``.tar.gz``
+    ``path`` (atomically); returns the names packed."""
+    import tarfile
+
+    from spectra_lab.files import atomic_path
+
+    names = ["gpu_check.json", "summary.md"]
+    names += [p["file"] for p in index["parts"].values() if p.get("file")]
+    names = [n for n in dict.fromkeys(names) if (out / n).is_file()]
+    with atomic_path(path) as tmp:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for n in names:
+                tar.add(out / n, arcname=n)
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
+    archive = getattr(args, "archive", None)
     try:
         check_number("--budget", args.budget, low=0.0, low_open=True)
+        check_archive(archive)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     if not torch.cuda.is_available():
@@ -314,7 +386,12 @@ def run(args: argparse.Namespace) -> int:
             index["parts"][name] = {**result, "seconds": round(time.monotonic() - started, 1)}
         print(f"gpu-check: {name}: {index['parts'][name]['status']}", flush=True)
         write_json_atomic(out / "gpu_check.json", index)
-    print(markdown_summary(out))
+    summary = markdown_summary(out)
+    atomic_write(out / "summary.md", summary + "\n")
+    print(summary)
+    if archive is not None:
+        packed = write_archive(archive, out, index)
+        print(f"gpu-check: {len(packed)} files packed into {archive}")
     statuses = [p["status"] for p in index["parts"].values()]
     print(f"gpu-check: {statuses.count('passed')} of {len(statuses)} parts passed; "
           f"results in {out}")  # fmt: skip
@@ -344,8 +421,8 @@ def markdown_summary(folder: str | Path) -> str:
     parts = index["parts"]
     lines = [f"{index['gpu']}, torch {index['torch']} (CUDA {index['cuda']}), {index['date']}, "
              f"commit {index['commit']}", ""]  # fmt: skip
-    t = parts["tests"]
-    if t["status"] != "not run":
+    t = parts.get("tests", {})
+    if "passed" in t:
         lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed", ""]
     if (folder / "train.json").exists():
         train = json.loads((folder / "train.json").read_text())
@@ -366,6 +443,9 @@ def markdown_summary(folder: str | Path) -> str:
     for size, heading in (("", "124M shapes (`bench optim`, float32 parameters, median of 10)"),
                           ("780m", "780M shapes (float32 parameters, median of 4)")):  # fmt: skip
         lines += optim_table(parts, size, heading)
+    if parts.get("profile", {}).get("status") == "passed":
+        lines += [f"One default Spectra-AdamW step at the 124M shapes under `torch.profiler`, "
+                  f"its top 30 kernels by CUDA time: `{PROFILE_FILE}`.", ""]  # fmt: skip
     if all(parts.get(p, {}).get("status") == "passed" for p in ("bench_ops", "bench_ops_tf32")):
         full, tf32 = (ops_figures(folder / f) for f in ("bench_ops.json", "bench_ops_tf32.json"))
         lines += [
@@ -390,6 +470,8 @@ def optim_table(parts: dict[str, Any], size: str, heading: str) -> list[str]:
     if full.get("status") != "passed":
         return []
     with_tf32 = tf32.get("status") == "passed"
+    if full.get("vs_torch_muon"):  # a run with the peers: their ratios and the peak memory
+        return peers_table(full, tf32 if with_tf32 else None, heading)
     lines = [
         f"Optimizer step at the {heading}:",
         "",
@@ -399,4 +481,29 @@ def optim_table(parts: dict[str, Any], size: str, heading: str) -> list[str]:
     for m, ms in full["step_ms"].items():
         tf = f"{tf32['step_ms'][m]:.1f} | {tf32['vs_paper_bf16'][m]:.2f}" if with_tf32 else "– | –"
         lines.append(f"| `{m}` | {ms:.1f} | {full['vs_paper_bf16'][m]:.2f} | {tf} |")
+    return [*lines, ""]
+
+
+def peers_table(full: dict[str, Any], tf32: dict[str, Any] | None, heading: str) -> list[str]:
+    """The markdown lines of a ``bench optim`` part that ran the peers: each row's step, its
+    multiples of torch AdamW's, of torch Muon's and of the paper's bf16 wrapper's, its peak
+    memory over torch AdamW's, and its step with TF32 ("–" where a figure is missing)."""
+
+    def cell(figures: dict[str, Any] | None, key: str, m: str, fmt: str) -> str:
+        value = (figures or {}).get(key, {}).get(m)
+        return "–" if value is None else f"{value:{fmt}}"
+
+    lines = [
+        f"Optimizer step at the {heading}:",
+        "",
+        "| method | step ms | × torch AdamW | × torch Muon | × paper bf16 | peak ÷ torch AdamW "
+        "| step ms, TF32 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in full["step_ms"]:
+        keys = ("step_ms", "vs_torch_adamw", "vs_torch_muon", "vs_paper_bf16",
+                "peak_vs_torch_adamw")  # fmt: skip
+        cells = [cell(full, k, m, ".1f" if k == "step_ms" else ".2f") for k in keys]
+        cells.append(cell(tf32, "step_ms", m, ".1f"))
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     return [*lines, ""]

@@ -1,0 +1,108 @@
+"""The main job's training step with each soft-clip method, against its AdamW twin, side by side.
+
+Builds the main job's model and optimizers as ``spectra train`` does (``spectra bench step``'s
+``build``: preset ``cpu-small``, batch 16 × 256 tokens, clipped attention and MLP matrices),
+one AdamW twin and one Spectra-AdamW per ``--methods`` entry (``clip_method``; ``auto`` is the
+default), and steps them in turn on the same random tokens (step k of each before step k + 1 of
+any), so that a shared machine's drift reaches all alike. Prints, per row, the medians of the
+whole step and of ``optimizer.step()`` and the step ratio to the twin, both from the totals and
+by optimizer time (``1 + (t_opt − t_opt,twin)/t_step,twin``). The CPU's bf16 path is what
+``SPECTRA_CPU_BF16_UNITS`` says (unset: the probe); run with ``SPECTRA_CPU_BF16_UNITS=0`` to
+measure a CPU without bf16 units' path on one that has them::
+
+    SPECTRA_CPU_BF16_UNITS=0 PYTHONPATH=src python experiments/clip_method_step.py \\
+        --methods auto/32 auto mixed --steps 15 --json docs/data/clip_method_step_no_bf16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+
+import torch
+
+from spectra_lab.bench.precision import device_about
+from spectra_lab.bench.step import _Run, _step, build
+from spectra_lab.files import write_json_atomic
+
+
+def make_run(label: str, optimizer: str, kwargs: dict, batch_size: int, steps: int) -> _Run:
+    cfg, model, model_cfg, opt = build(
+        optimizer, "cpu-small", batch_size=batch_size, steps=steps, seed=0,
+        optimizer_kwargs=kwargs,
+    )  # fmt: skip
+    params = [p for p in model.parameters() if p.requires_grad]
+    gen = torch.Generator().manual_seed(0)
+    return _Run(label, None, cfg, model, opt, params, gen, (batch_size, model_cfg.seq_len + 1))
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", nargs="+", default=["auto/32", "auto", "mixed"])
+    ap.add_argument("--steps", type=int, default=15, help="timed steps (medians)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    for name in ("steps", "batch_size", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    torch.set_num_threads(args.threads)
+    total = args.warmup + args.steps
+    runs = [make_run("adamw", "adamw", {}, args.batch_size, total)]
+    clipped = sum(p.numel() for g in runs[0].optimizer.param_groups if g["group"] in
+                  ("attn", "hidden") for p in g["params"])  # fmt: skip
+    for m in args.methods:
+        method, _, old = m.partition("/")
+        kw = {} if method == "auto" else {"clip_method": method}
+        if old:  # the cap of one batch before the floor: 1/32 of the clipped elements
+            kw["batch_elements"] = -(-clipped // int(old))
+        runs.append(make_run(f"spectra-adamw {m}", "spectra-adamw", kw, args.batch_size, total))
+    device = torch.device("cpu")
+    for k in range(total):
+        for run in runs:
+            _step(run, device, timed=k >= args.warmup)
+    twin_total = statistics.median(runs[0].totals)
+    twin_opt = statistics.median(runs[0].opt_times)
+    rows = []
+    for run in runs:
+        t, o = statistics.median(run.totals), statistics.median(run.opt_times)
+        rows.append({"row": run.name, "total_ms": 1e3 * t, "optimizer_ms": 1e3 * o,
+                     "ratio_by_steps": t / twin_total,
+                     "ratio_by_optimizer_time": 1.0 + (o - twin_opt) / twin_total})  # fmt: skip
+        r = rows[-1]
+        print(f"{r['row']:<22} step {r['total_ms']:7.1f} ms  optimizer {r['optimizer_ms']:6.1f} ms"
+              f"  x twin {r['ratio_by_steps']:.3f} (by optimizer time "
+              f"{r['ratio_by_optimizer_time']:.3f})", flush=True)  # fmt: skip
+    report = {
+        "command": "python experiments/clip_method_step.py " + " ".join(sys.argv[1:]),
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        **device_about("cpu"),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "batch_size": args.batch_size,
+        "rows": rows,
+    }
+    if args.json:
+        write_json_atomic(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

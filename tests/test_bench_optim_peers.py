@@ -1,0 +1,100 @@
+"""``spectra bench optim``'s peer rows: torch's Muon with torch's AdamW, torch's fused AdamW and
+spectra's D-Muon, in the same process and on the same shapes as SPECTRA, with their ratios."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from spectra_lab.bench import optim as bench
+from spectra_lab.bench.peers import MuonWithAdamW, fused_adamw_note
+
+SHAPES = [(512, 32), (32, 32), (32, 32), (64, 32), (32, 64), (32,), (32,), (512, 32)]
+
+
+def test_torch_muon_row_is_torchs_muon_on_the_hidden_matrices_and_adamw_on_the_rest():
+    vocab = 12000  # above MUON_MAX_DIM: the embedding and head go to AdamW
+    shapes = [(vocab, 8), (16, 16), (24, 16), (16, 24), (16,), (vocab, 8)]
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    pair = MuonWithAdamW(params)
+    muon, adamw = pair.optimizers
+    hidden = {id(p) for p in muon.param_groups[0]["params"]}
+    assert hidden == {id(params[i]) for i in (1, 2, 3)}
+    assert {id(p) for p in adamw.param_groups[0]["params"]} == {id(params[i]) for i in (0, 4, 5)}
+    # the reference: torch's docs' two optimizers, built by hand on copies
+    ref_opts = [
+        torch.optim.Muon([ref[i] for i in (1, 2, 3)], lr=0.02, momentum=0.95),
+        torch.optim.AdamW([ref[i] for i in (0, 4, 5)], lr=3e-4, weight_decay=0.01),
+    ]
+    for step in range(3):
+        for p, r in zip(params, ref, strict=True):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step))
+            r.grad = p.grad.clone()
+        pair.step()
+        for o in ref_opts:
+            o.step()
+    for p, r in zip(params, ref, strict=True):
+        torch.testing.assert_close(p, r, rtol=0, atol=0)
+        assert not torch.equal(p, torch.zeros_like(p))
+    # the memory count sees both optimizers' state: Muon's momentum, AdamW's two moments
+    state = bench.optimizer_tensors(params, pair)
+    moments = sum(p.numel() for i, p in enumerate(params) if i in (1, 2, 3))
+    moments += 2 * sum(p.numel() for i, p in enumerate(params) if i in (0, 4, 5))
+    counted = sum(t.numel() for t in state) - 2 * sum(p.numel() for p in params)
+    assert moments <= counted <= moments + 3  # + AdamW's step counters
+
+
+def test_fused_adamw_runs_on_the_cpu_and_its_refusal_is_a_note_elsewhere():
+    assert fused_adamw_note(torch.device("cpu"), torch.float32) is None
+    note = fused_adamw_note(torch.device("meta"), torch.float32)
+    assert note is not None and note.startswith("torch-adamw-fused skipped: ")
+    params, opt = bench._setup("torch-adamw-fused", bench.BenchSettings(SHAPES))
+    assert opt.defaults["fused"] is True
+    before = [p.detach().clone() for p in params]
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    for r, p in zip(ref, params, strict=True):
+        r.grad = p.grad.clone()
+    opt.step()
+    torch.optim.AdamW(ref, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1, foreach=False).step()
+    for p, r, b in zip(params, ref, before, strict=True):
+        torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7)
+        assert not torch.equal(p, b)
+
+
+def test_peer_rows_run_beside_spectra_with_ratios_to_adamw_and_to_muon():
+    settings = bench.BenchSettings(SHAPES, repeats=3, warmup=1, measure_memory=False)
+    methods = ("torch-adamw", "torch-adamw-fused", "torch-muon", "spectra-dmuon", "spectra-adamw")
+    report = bench.run_benchmark(settings, methods)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert list(rows) == list(methods)
+    for r in rows.values():
+        assert r["step_s"] > 0
+        assert r["time_ratio"] == r["step_s"] / rows["torch-adamw"]["step_s"]
+        assert r["vs_muon"] == r["step_s"] / rows["torch-muon"]["step_s"]
+    assert rows["torch-muon"]["vs_muon"] == 1.0
+    table = bench.format_table(report)
+    assert "| method | step (s) | × torch | × torch Muon | × paper bf16 |" in table
+    line = next(x for x in table.splitlines() if x.startswith("| `spectra-adamw` |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3] == f"{rows['spectra-adamw']['vs_muon']:.2f}" and len(cells) == 9
+    # without torch-muon the table keeps its earlier columns (the stored reports' layout)
+    report = bench.run_benchmark(settings, ("torch-adamw", "spectra-dmuon"))
+    assert "× torch Muon" not in bench.format_table(report)
+    assert all("vs_muon" not in r for r in report["rows"])
+
+
+def test_bench_optim_profile_writes_the_top_operators_of_one_step(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "profile.txt"
+    args = parser.parse_args(["--matrices", "4", "32", "--methods", "spectra-dmuon",
+                              "torch-adamw", "--repeats", "1", "--no-memory", "--device",
+                              "cpu", "--profile", str(out)])  # fmt: skip
+    assert bench.run(args) == 0
+    text = out.read_text()
+    assert text.startswith("one spectra-dmuon step, 4 tensors of 0.0M parameters")
+    assert "aten::" in text and "Self CPU" in text
+    assert "| `spectra-dmuon` |" in capsys.readouterr().out

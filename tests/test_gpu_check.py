@@ -1,0 +1,139 @@
+"""``spectra bench gpu-check`` without a GPU: the order of its parts, its budget, the archive
+it can write, its argument checks and the tables it renders from the peers' rows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+
+import pytest
+import torch
+
+from spectra_lab.gpucheck import check as gpu_check
+
+ABOUT = {"date": "d", "gpu": "g", "gpus": 1, "torch": "t", "cuda": "c", "python": "p",
+         "commit": None}  # fmt: skip
+
+
+def test_the_parts_that_time_the_step_beside_its_peers_run_first():
+    names = list(gpu_check.PARTS)
+    assert names[:4] == ["bench_optim", "bench_optim_780m", "profile", "tests"]
+    assert names[4:] == ["train", "bench_ops", "bench_optim_tf32", "bench_ops_tf32"]
+    # both bench optim sizes time torch's Muon, fused AdamW and D-Muon beside SPECTRA
+    for args in (gpu_check.OPTIM_ARGS, gpu_check.OPTIM_780M_ARGS):
+        methods = args[args.index("--methods") + 1 :]
+        methods = methods[: next((i for i, a in enumerate(methods) if a.startswith("--")), None)]
+        assert set(gpu_check.PEERS) | {"spectra-adamw", "spectra-adamw-mixed"} <= set(methods)
+    assert gpu_check.PEERS == ("torch-adamw", "torch-adamw-fused", "torch-muon", "spectra-dmuon")
+    assert gpu_check.DEFAULT_BUDGET == 330.0
+
+
+def _fake_run(monkeypatch, tmp_path, seconds, budget, archive=None):
+    """Run the check with every part taking ``seconds[name]`` on a fake clock (capped at the
+    timeout it was given) and writing its file; returns the timeouts and the index."""
+    now = [0.0]
+    given = {}
+
+    def part(name):
+        def run(out, timeout):
+            given[name] = (now[0], timeout)
+            now[0] += min(seconds[name], timeout)
+            (out / f"{name}.json").write_text("{}")
+            return {"status": "passed", "file": f"{name}.json"}
+
+        return run
+
+    parts = {n: (part(n), limit) for n, (_, limit) in gpu_check.PARTS.items()}
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "about_machine", lambda: ABOUT)
+    monkeypatch.setattr(gpu_check, "PARTS", parts)
+    monkeypatch.setattr(gpu_check, "markdown_summary", lambda out: "the tables")
+    ns = argparse.Namespace(budget=budget, out=str(tmp_path / "gpu"), archive=archive)
+    assert gpu_check.run(ns) == 0
+    index = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
+    return given, index, now[0]
+
+
+def test_the_default_budget_runs_the_measuring_parts_and_never_overruns(monkeypatch, tmp_path):
+    # every part takes its whole limit: each gets at most the budget left, so the command
+    # ends within the budget whatever the parts take
+    full = {n: limit for n, (_, limit) in gpu_check.PARTS.items()}
+    given, index, spent = _fake_run(monkeypatch, tmp_path, full, gpu_check.DEFAULT_BUDGET)
+    assert spent <= gpu_check.DEFAULT_BUDGET
+    for start, timeout in given.values():
+        assert timeout <= gpu_check.DEFAULT_BUDGET - start
+    # with parts as long as their limits, the first three fit, and of the rest only the
+    # operator benchmark (60 s left, 4/5 of its limit is 48)
+    assert list(given) == ["bench_optim", "bench_optim_780m", "profile", "bench_ops"]
+    assert index["parts"]["tests"] == {"status": "not run", "reason": "60 s of budget left"}
+    assert spent == gpu_check.DEFAULT_BUDGET
+    # parts as long as the H200's run of the same parts took, a third longer (an H100):
+    # the four measuring parts run, the 44 s left start nothing more (bench_ops needs 48)
+    h100 = {
+        "bench_optim": 55.0,
+        "bench_optim_780m": 75.0,
+        "profile": 20.0,
+        "tests": 136.0,
+        "train": 140.0,
+        "bench_ops": 22.0,
+        "bench_optim_tf32": 48.0,
+        "bench_ops_tf32": 24.0,
+    }
+    given, index, spent = _fake_run(monkeypatch, tmp_path, h100, gpu_check.DEFAULT_BUDGET)
+    assert list(given) == ["bench_optim", "bench_optim_780m", "profile", "tests"]
+    assert index["parts"]["train"] == {"status": "not run", "reason": "44 s of budget left"}
+    assert spent == 55 + 75 + 20 + 136 <= 360  # about six minutes
+    # a larger budget gives the rest their turn, in order
+    given, _, _ = _fake_run(monkeypatch, tmp_path, h100, 600.0)
+    assert list(given) == list(gpu_check.PARTS)
+
+
+def test_the_archive_holds_the_index_the_summary_and_every_part_file(monkeypatch, tmp_path, capsys):
+    quick = dict.fromkeys(gpu_check.PARTS, 1.0)
+    archive = tmp_path / "gpu_check.tar.gz"
+    _fake_run(monkeypatch, tmp_path, quick, 1000.0, archive=str(archive))
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        summary = tar.extractfile("summary.md").read().decode()
+    assert names == ["gpu_check.json", "summary.md", *(f"{n}.json" for n in gpu_check.PARTS)]
+    assert summary == "the tables\n"
+    assert f"{len(names)} files packed into {archive}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--archive", "out.zip"], "--archive must name a .tar.gz file, got 'out.zip'"),
+        (["--archive", "/nonexistent/folder/a.tar.gz"], "--archive '/nonexistent/folder/a.tar.gz'"),
+        (["--budget", "0"], "--budget"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_any_gpu_is_looked_for(argv, needle, capsys):
+    from spectra_lab.cli import main
+
+    assert main(["bench", "gpu-check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("spectra bench: error: ")
+    assert needle in err
+
+
+def test_the_summary_of_a_run_with_the_peers_gives_their_ratios_and_memory(tmp_path):
+    rows = {"torch-adamw": (4.0, 1.0, 0.1, None, 1.0), "torch-muon": (40.0, 10.0, 1.0, None, 0.9),
+            "spectra-adamw": (50.0, 12.5, 1.25, 0.4, 1.5)}  # fmt: skip
+    part = {"status": "passed", "file": "bench_optim.json",
+            "step_ms": {m: r[0] for m, r in rows.items()},
+            "vs_torch_adamw": {m: r[1] for m, r in rows.items()},
+            "vs_torch_muon": {m: r[2] for m, r in rows.items()},
+            "vs_paper_bf16": {m: r[3] for m, r in rows.items() if r[3] is not None},
+            "peak_vs_torch_adamw": {m: r[4] for m, r in rows.items()}}  # fmt: skip
+    index = {**ABOUT, "parts": {"bench_optim": part, "tests": {"status": "not run"},
+                                "profile": {"status": "passed", "file": "p.txt"}}}  # fmt: skip
+    (tmp_path / "gpu_check.json").write_text(json.dumps(index))
+    summary = gpu_check.markdown_summary(tmp_path)
+    assert "| method | step ms | × torch AdamW | × torch Muon | × paper bf16 |" in summary
+    assert "| `torch-muon` | 40.0 | 10.00 | 1.00 | – | 0.90 | – |" in summary
+    assert "| `spectra-adamw` | 50.0 | 12.50 | 1.25 | 0.40 | 1.50 | – |" in summary
+    assert "CUDA tests" not in summary and "780M" not in summary
+    assert f"`{gpu_check.PROFILE_FILE}`" in summary
