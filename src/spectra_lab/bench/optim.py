@@ -22,7 +22,11 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
   AdamW on the rest, the SPECTRA paper's D-Muon baseline);
 * ``spectra-noclip`` (only on request): ``spectra.AdamW(clip_c=None)``;
 * ``spectra-adamw-eigh``, ``-polar``, ``-mixed`` (only on request): ``spectra-adamw`` with
-  that ``clip_method``;
+  that ``clip_method``; ``-polar-bf16``, ``-mixed-bf16``: with ``clip_ns_dtype="bfloat16"``
+  too (bf16 first: split bf16 products for the float32 ones);
+* ``spectra-adamw-capturable``, ``-compiled``, ``-graph`` (only on request): the step that
+  reads nothing on the host, eager, compiled whole, and captured in a CUDA graph (CUDA only;
+  elsewhere skipped with a line that says so): :mod:`spectra_lab.bench.capturable`;
 * ``paper-wrap-bf16``, ``paper-wrap-fp32``: the clone-and-subtract wrapper of the paper's
   code, reimplemented: clone every matrix, call the base step, recover
   ``U = (X_k − X_{k+1})/η − λX_k`` and loop over the matrices calling
@@ -78,6 +82,7 @@ import spectra.optim as so
 from spectra.ops import soft_clip_paper
 from spectra.optim.wrapper import eighth_chunks
 from spectra.validate import check_int
+from spectra_lab.bench.capturable import CAPTURABLE_METHODS, graph_note, make_capturable
 from spectra_lab.bench.peers import MuonWithAdamW, fused_adamw_note
 from spectra_lab.bench.precision import add_tf32_argument, apply_tf32, device_about
 from spectra_lab.errors import CLIError
@@ -102,6 +107,9 @@ EXTRA_METHODS = (
     "spectra-adamw-eigh",
     "spectra-adamw-polar",
     "spectra-adamw-mixed",
+    "spectra-adamw-polar-bf16",
+    "spectra-adamw-mixed-bf16",
+    *CAPTURABLE_METHODS,
 )
 #: How the peak memory is measured, as the report states it.
 CUDA_MEMORY = "torch.cuda.max_memory_allocated during a step"
@@ -322,6 +330,12 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
     if method == "spectra-adamw-chunked":
         chunk = eighth_chunks([p.numel() for p in params])  # the wrapper's chunks
         return so.AdamW(params, clip_c=clip_c, chunk_elements=chunk, **kw)
+    if method in CAPTURABLE_METHODS:
+        return make_capturable(method, params, lr, clip_c, betas=(0.9, 0.999), weight_decay=0.1)
+    if method.endswith("-bf16") and method.startswith("spectra-adamw-"):
+        clip_method = method.removeprefix("spectra-adamw-").removesuffix("-bf16")
+        return so.AdamW(params, clip_c=clip_c, clip_method=clip_method,
+                        clip_ns_dtype="bfloat16", **kw)  # fmt: skip
     if method.startswith("spectra-adamw-") and method != "spectra-adamw-chunked":
         return so.AdamW(params, clip_c=clip_c, clip_method=method.rsplit("-", 1)[1], **kw)
     if method == "spectra-noclip":
@@ -525,6 +539,11 @@ def run(args: argparse.Namespace) -> int:
         shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
     methods = tuple(args.methods or METHODS)
     notes = []
+    if "spectra-adamw-graph" in methods:
+        graph = graph_note(torch.device(args.device))
+        if graph is not None:
+            methods = tuple(m for m in methods if m != "spectra-adamw-graph")
+            notes.append(graph)
     if "torch-adamw-fused" in methods:
         fused = fused_adamw_note(torch.device(args.device), getattr(torch, args.dtype))
         if fused is not None:

@@ -15,11 +15,16 @@ beside its peers first:
                               layers, width 1280, SwiGLU 3584), without the memory
 ``profile_124m_step.txt``     ``torch.profiler``'s top 30 CUDA kernels of one default
                               Spectra-AdamW step at the 124M shapes
+``bench_optim_capturable``    the 124M step that reads nothing on the host (``capturable``):
+``.json``                     eager, compiled whole and captured in a CUDA graph, and the
+                              bf16-first products (``mixed`` and ``polar`` with
+                              ``clip_ns_dtype="bfloat16"``), beside the default step
 ``tests.json``                ``pytest -m cuda``: every operator and optimizer on CUDA in
                               float32 and bf16, bf16 autocast, ``torch.compile`` of the step,
                               NCCL with world size 1 through the FSDP2 path and the trainer
 ``train.json``                the 124M model, ``TRAIN_STEPS`` steps under bf16 autocast, eager
-                              and ``torch.compile``-d, Spectra-AdamW against torch AdamW:
+                              and ``torch.compile``-d, Spectra-AdamW against torch AdamW, and
+                              compiled with the capturable step compiled whole too:
                               tokens/s, MFU and peak memory (median over the steps after the
                               first ``TRAIN_SKIP``; random tokens from a 50304-token
                               vocabulary, since a step's time does not depend on them)
@@ -69,6 +74,16 @@ DEFAULT_BUDGET = 330.0
 #: The 124M training runs: steps, sequences per step, steps left out of the medians
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_SKIP = 30, 16, 10
 TRAIN_VOCAB, TRAIN_TOKENS = 50304, 2_000_000
+#: The 124M runs: (compiled, optimizer, capturable); the last compiles the capturable step
+#: whole too (its lr a device tensor; a constant clip threshold, as capturable asks)
+TRAIN_RUNS = (
+    (False, "torch-adamw", False), (False, "spectra-adamw", False),
+    (True, "torch-adamw", False), (True, "spectra-adamw", False),
+    (True, "spectra-adamw", True),
+)  # fmt: skip
+CAPTURABLE_TRAIN = (
+    "--set", "optimizer_kwargs={capturable: true}", "--set", "clip_schedule=constant",
+)  # fmt: skip
 #: The operator benchmark's cells: the paper's 124M shapes, Adam-like, sign and recorded inputs
 OPS_ARGS = (
     "--shapes", "768x768", "768x3072", "2048x2048", "--inputs", "adam_spike", "sign", "recorded",
@@ -86,6 +101,14 @@ OPTIM_ARGS = (
 OPTIM_780M_ARGS = (
     "--layers", "32", "--dim", "1280", "--hidden", "3584", "--methods", *PEERS,
     "spectra-adamw", "spectra-adamw-mixed", "--repeats", "4", "--warmup", "2", "--no-memory",
+)  # fmt: skip
+#: The step without host reads (eager, compiled whole, in a CUDA graph) and the bf16-first
+#: products beside the default step at the 124M shapes, with their memory
+CAPTURABLE_ARGS = (
+    "--methods", "torch-adamw", "spectra-adamw", "spectra-adamw-capturable",
+    "spectra-adamw-compiled", "spectra-adamw-graph", "spectra-adamw-mixed-bf16",
+    "spectra-adamw-polar-bf16",
+    "--repeats", "10", "--warmup", "2",
 )  # fmt: skip
 #: One default Spectra-AdamW step at the 124M shapes under torch.profiler
 PROFILE_FILE = "profile_124m_step.txt"
@@ -205,7 +228,7 @@ def optim_part(size: str, tf32: bool) -> str:
 def check_bench_optim(out: Path, timeout: float, tf32: bool, size: str = "") -> dict[str, Any]:
     """``bench optim`` at the 124M shapes, or at the 780M ones with ``size="780m"``."""
     name = optim_part(size, tf32) + ".json"
-    args = OPTIM_780M_ARGS if size == "780m" else OPTIM_ARGS
+    args = {"780m": OPTIM_780M_ARGS, "capturable": CAPTURABLE_ARGS}.get(size, OPTIM_ARGS)
     cmd = spectra_command("bench", "optim", "--device", "cuda", *args, "--json", str(out / name))
     status, output = run_process(cmd + (["--tf32"] if tf32 else []), timeout)
     if status != 0:
@@ -234,28 +257,29 @@ def check_profile(out: Path, timeout: float) -> dict[str, Any]:
 
 
 def check_training(out: Path, timeout: float) -> dict[str, Any]:
-    """Four 124M runs (Spectra-AdamW, torch AdamW; eager, compiled) on random tokens."""
+    """The 124M runs of :data:`TRAIN_RUNS` (torch AdamW, Spectra-AdamW; eager, compiled, and
+    compiled with the capturable step) on random tokens."""
     started, runs = time.monotonic(), []
     with tempfile.TemporaryDirectory() as tmp:
         data = write_random_tokens(Path(tmp) / "tokens", TRAIN_VOCAB, TRAIN_TOKENS)
-        for compiled in (False, True):
-            for optimizer in ("torch-adamw", "spectra-adamw"):
-                left = timeout - (time.monotonic() - started)
-                run_dir = Path(tmp) / f"{optimizer}{'-compiled' if compiled else ''}"
-                cmd = spectra_command(
-                    "train", "--preset", "124m", "--steps", str(TRAIN_STEPS),
-                    "--batch-size", str(TRAIN_BATCH), "--optimizer", optimizer,
-                    "--dataset", str(data), "--device", "cuda", "--out", str(run_dir),
-                    "--no-progress", "--warmup-steps", "2", "--set", "autocast=bf16",
-                    "--set", "log_interval=1", "--set", "eval_batches=1",
-                    "--set", f"eval_interval={TRAIN_STEPS}", "--set", "checkpoint_interval=0",
-                    "--set", "keep_checkpoints=0", "--set", "plot=false",
-                    *(["--compile"] if compiled else []),
-                )  # fmt: skip
-                status, output = run_process(cmd, max(left, 1.0))
-                if status != 0:
-                    return {**failed(status, output), "runs": runs}
-                runs.append({"optimizer": optimizer, "compile": compiled, **_throughput(run_dir)})
+        for compiled, optimizer, capturable in TRAIN_RUNS:
+            left = timeout - (time.monotonic() - started)
+            name = f"{optimizer}-{int(compiled)}{int(capturable)}"  # compiled, capturable
+            cmd = spectra_command(
+                "train", "--preset", "124m", "--steps", str(TRAIN_STEPS),
+                "--batch-size", str(TRAIN_BATCH), "--optimizer", optimizer,
+                "--dataset", str(data), "--device", "cuda", "--out", str(Path(tmp) / name),
+                "--no-progress", "--warmup-steps", "2", "--set", "autocast=bf16",
+                "--set", "log_interval=1", "--set", "eval_batches=1",
+                "--set", f"eval_interval={TRAIN_STEPS}", "--set", "checkpoint_interval=0",
+                "--set", "keep_checkpoints=0", "--set", "plot=false",
+                *(["--compile"] if compiled else []), *(CAPTURABLE_TRAIN if capturable else ()),
+            )  # fmt: skip
+            status, output = run_process(cmd, max(left, 1.0))
+            if status != 0:
+                return {**failed(status, output), "runs": runs}
+            runs.append({"optimizer": optimizer, "compile": compiled,
+                         "capturable": capturable, **_throughput(Path(tmp) / name)})  # fmt: skip
     base = {r["compile"]: r["tokens_per_s"] for r in runs if r["optimizer"] == "torch-adamw"}
     for r in runs:
         r["tokens_per_s_vs_torch_adamw"] = round(r["tokens_per_s"] / base[r["compile"]], 3)
@@ -308,8 +332,12 @@ PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
     "bench_optim": (lambda out, t: check_bench_optim(out, t, tf32=False), 90.0),
     "bench_optim_780m": (lambda out, t: check_bench_optim(out, t, False, "780m"), 120.0),
     "profile": (check_profile, 60.0),
+    "bench_optim_capturable": (
+        lambda out, t: check_bench_optim(out, t, False, "capturable"),
+        150.0,
+    ),
     "tests": (check_tests, 200.0),
-    "train": (check_training, 160.0),
+    "train": (check_training, 200.0),
     "bench_ops": (lambda out, t: check_bench_ops(out, t, tf32=False), 60.0),
     "bench_optim_tf32": (lambda out, t: check_bench_optim(out, t, tf32=True), 90.0),
     "bench_ops_tf32": (lambda out, t: check_bench_ops(out, t, tf32=True), 60.0),
@@ -434,8 +462,9 @@ def markdown_summary(folder: str | Path) -> str:
             "|---|---|---:|---:|---:|---:|",
         ]
         for r in train["runs"]:
+            compiled = "yes, and the capturable step" if r.get("capturable") else "yes"
             lines.append(
-                f"| `{r['optimizer']}` | {'yes' if r['compile'] else 'no'} | "
+                f"| `{r['optimizer']}` | {compiled if r['compile'] else 'no'} | "
                 f"{r['tokens_per_s']:,} | {r['tokens_per_s_vs_torch_adamw']:.2f} | "
                 f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |"
             )
@@ -443,6 +472,7 @@ def markdown_summary(folder: str | Path) -> str:
     for size, heading in (("", "124M shapes (`bench optim`, float32 parameters, median of 10)"),
                           ("780m", "780M shapes (float32 parameters, median of 4)")):  # fmt: skip
         lines += optim_table(parts, size, heading)
+    lines += capturable_table(parts.get(optim_part("capturable", False), {}))
     if parts.get("profile", {}).get("status") == "passed":
         lines += [f"One default Spectra-AdamW step at the 124M shapes under `torch.profiler`, "
                   f"its top 30 kernels by CUDA time: `{PROFILE_FILE}`.", ""]  # fmt: skip
@@ -481,6 +511,24 @@ def optim_table(parts: dict[str, Any], size: str, heading: str) -> list[str]:
     for m, ms in full["step_ms"].items():
         tf = f"{tf32['step_ms'][m]:.1f} | {tf32['vs_paper_bf16'][m]:.2f}" if with_tf32 else "– | –"
         lines.append(f"| `{m}` | {ms:.1f} | {full['vs_paper_bf16'][m]:.2f} | {tf} |")
+    return [*lines, ""]
+
+
+def capturable_table(part: dict[str, Any]) -> list[str]:
+    """The markdown lines of the capturable part, if it passed."""
+    if part.get("status") != "passed":
+        return []
+    lines = [
+        "The step without host reads and the bf16-first products (124M shapes, float32 "
+        "parameters, median of 10):",
+        "",
+        "| method | step ms | × torch AdamW | peak × torch AdamW |",
+        "|---|---:|---:|---:|",
+    ]
+    for m, ms in part["step_ms"].items():
+        peak = part["peak_vs_torch_adamw"].get(m)
+        lines.append(f"| `{m}` | {ms:.1f} | {part['vs_torch_adamw'][m]:.2f} | "
+                     f"{'–' if peak is None else f'{peak:.2f}'} |")  # fmt: skip
     return [*lines, ""]
 
 

@@ -1,0 +1,86 @@
+"""The capturable step of ``spectra.AdamW`` (it reads nothing back to the host) compiled whole
+and captured in a CUDA graph, as rows of ``spectra bench optim``.
+
+* ``spectra-adamw-capturable``: ``spectra.AdamW(capturable=True)``, eager, its lr a tensor on
+  the parameters' device;
+* ``spectra-adamw-compiled``: that step under ``torch.compile(fullgraph=True)``;
+* ``spectra-adamw-graph``: that step captured once in a ``torch.cuda.CUDAGraph`` (after a
+  warm-up step on a side stream, which creates the state) and replayed: CUDA only.
+
+Each row's object has a ``step()`` and, for the memory accounting, its optimizer as ``base``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import spectra.optim as so
+
+CAPTURABLE_METHODS = ("spectra-adamw-capturable", "spectra-adamw-compiled", "spectra-adamw-graph")
+
+
+def capturable_adamw(params: list[Tensor], lr: float, clip_c: float, **kw: Any) -> so.AdamW:
+    """``spectra.AdamW(capturable=True)`` with its lr a 0-d tensor on the parameters' device."""
+    lr_tensor = torch.tensor(lr, dtype=torch.float32, device=params[0].device)
+    return so.AdamW(params, lr=lr_tensor, clip_c=clip_c, capturable=True, **kw)
+
+
+class CompiledStep:
+    """A capturable optimizer's step compiled whole (``fullgraph=True``). The first ``step()``
+    runs an eager step (which creates the state) and then the compiled one (which traces and
+    compiles it), so that a benchmark's warm-up holds the compilation."""
+
+    def __init__(self, base: torch.optim.Optimizer) -> None:
+        self.base = base
+        self._step = torch.compile(base.step, fullgraph=True)
+        self._warm = False
+
+    def step(self) -> None:
+        if not self._warm:
+            self.base.step()
+            self._warm = True
+        self._step()
+
+
+class GraphStep:
+    """A capturable optimizer's step captured in a CUDA graph at the first ``step()`` (after
+    one eager warm-up step on a side stream) and replayed at every call. The gradients must
+    stay in the same tensors (``p.grad.copy_``), as in torch's own recipe."""
+
+    def __init__(self, base: torch.optim.Optimizer) -> None:
+        self.base = base
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def step(self) -> None:
+        if self.graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.base.step()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.base.step()
+        self.graph.replay()
+
+
+def make_capturable(method: str, params: list[Tensor], lr: float, clip_c: float, **kw: Any):
+    """The optimizer (or step wrapper) of one of :data:`CAPTURABLE_METHODS`."""
+    opt = capturable_adamw(params, lr, clip_c, **kw)
+    if method == "spectra-adamw-capturable":
+        return opt
+    if method == "spectra-adamw-compiled":
+        return CompiledStep(opt)
+    if method == "spectra-adamw-graph":
+        return GraphStep(opt)
+    raise ValueError(f"unknown method {method!r}; expected one of {CAPTURABLE_METHODS}")
+
+
+def graph_note(device: torch.device) -> str | None:
+    """Why ``spectra-adamw-graph`` cannot run on ``device`` (``None`` where it can)."""
+    if device.type != "cuda":
+        return f"spectra-adamw-graph skipped: CUDA graphs need a CUDA device, not {device.type}"
+    return None
