@@ -29,8 +29,8 @@ bench: $(STAMP)
 	$(BIN)/spectra bench ops $(ARGS)
 
 # On a machine with a CUDA GPU, with its own python3 and torch (nothing is installed):
-# the step beside its peers, a profile, the CUDA tests, then 124M training and bench ops as
-# the 330-second budget allows; JSON under docs/data/gpu/ (ARGS="--archive F.tar.gz": one file).
+# the step beside its peers, a profile, the capturable step, the CUDA tests, then 124M
+# training and bench ops as the 390-second budget allows; JSON under docs/data/gpu/ (ARGS="--archive F.tar.gz": one file).
 # Its python3 if that has torch, else .venv's.
 gpu-check:
 	@if $(PY) -c "import torch" 2>/dev/null; then py=$(PY); \

@@ -98,3 +98,38 @@ def test_bench_optim_profile_writes_the_top_operators_of_one_step(tmp_path, caps
     assert text.startswith("one spectra-dmuon step, 4 tensors of 0.0M parameters")
     assert "aten::" in text and "Self CPU" in text
     assert "| `spectra-dmuon` |" in capsys.readouterr().out
+
+
+def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_a_note(capsys):
+    # the rows' optimizers: the capturable step (its lr a device tensor) and the bf16-first
+    # settings; the CUDA graph row needs CUDA and says so on the CPU
+    from spectra_lab.bench.capturable import CompiledStep, GraphStep, graph_note, make_capturable
+
+    params = [torch.randn(16, 8, requires_grad=True), torch.randn(8, requires_grad=True)]
+    opt = bench.make_optimizer("spectra-adamw-mixed-bf16", params, 1e-3, 10.0)
+    group = opt.param_groups[0]
+    assert (group["clip_method"], group["clip_ns_dtype"]) == ("mixed", "bfloat16")
+    eager = make_capturable("spectra-adamw-capturable", params, 1e-3, 10.0)
+    assert eager.defaults["capturable"] and torch.is_tensor(eager.param_groups[0]["lr"])
+    assert isinstance(make_capturable("spectra-adamw-compiled", params, 1e-3, 10.0), CompiledStep)
+    assert isinstance(make_capturable("spectra-adamw-graph", params, 1e-3, 10.0), GraphStep)
+    assert "CUDA graphs need a CUDA device" in graph_note(torch.device("cpu"))
+    argv = [
+        "--matrices",
+        "2",
+        "16",
+        "--methods",
+        "torch-adamw",
+        "spectra-adamw-polar-bf16",
+        "spectra-adamw-capturable",
+        "spectra-adamw-graph",
+        "--repeats",
+        "1",
+        "--no-memory",
+    ]
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert bench.run(parser.parse_args(argv)) == 0
+    out = capsys.readouterr().out
+    assert "`spectra-adamw-polar-bf16`" in out and "`spectra-adamw-capturable`" in out
+    assert "spectra-adamw-graph skipped: CUDA graphs need a CUDA device, not cpu" in out

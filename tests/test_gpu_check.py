@@ -18,15 +18,28 @@ ABOUT = {"date": "d", "gpu": "g", "gpus": 1, "torch": "t", "cuda": "c", "python"
 
 def test_the_parts_that_time_the_step_beside_its_peers_run_first():
     names = list(gpu_check.PARTS)
-    assert names[:4] == ["bench_optim", "bench_optim_780m", "profile", "tests"]
-    assert names[4:] == ["train", "bench_ops", "bench_optim_tf32", "bench_ops_tf32"]
+    assert names[:5] == [
+        "bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable", "tests"
+    ]  # fmt: skip
+    assert names[5:] == ["train", "bench_ops", "bench_optim_tf32", "bench_ops_tf32"]
     # both bench optim sizes time torch's Muon, fused AdamW and D-Muon beside SPECTRA
     for args in (gpu_check.OPTIM_ARGS, gpu_check.OPTIM_780M_ARGS):
         methods = args[args.index("--methods") + 1 :]
         methods = methods[: next((i for i, a in enumerate(methods) if a.startswith("--")), None)]
         assert set(gpu_check.PEERS) | {"spectra-adamw", "spectra-adamw-mixed"} <= set(methods)
     assert gpu_check.PEERS == ("torch-adamw", "torch-adamw-fused", "torch-muon", "spectra-dmuon")
-    assert gpu_check.DEFAULT_BUDGET == 330.0
+    assert gpu_check.DEFAULT_BUDGET == 390.0
+    # the capturable part times the step without host reads beside the default one
+    methods = gpu_check.CAPTURABLE_ARGS
+    for m in (
+        "torch-adamw",
+        "spectra-adamw",
+        "spectra-adamw-capturable",
+        "spectra-adamw-compiled",
+        "spectra-adamw-graph",
+        "spectra-adamw-mixed-bf16",
+    ):
+        assert m in methods
 
 
 def _fake_run(monkeypatch, tmp_path, seconds, budget, archive=None):
@@ -64,17 +77,19 @@ def test_the_default_budget_runs_the_measuring_parts_and_never_overruns(monkeypa
     assert spent <= gpu_check.DEFAULT_BUDGET
     for start, timeout in given.values():
         assert timeout <= gpu_check.DEFAULT_BUDGET - start
-    # with parts as long as their limits, the first three fit, and of the rest only the
-    # operator benchmark (60 s left, 4/5 of its limit is 48)
-    assert list(given) == ["bench_optim", "bench_optim_780m", "profile", "bench_ops"]
-    assert index["parts"]["tests"] == {"status": "not run", "reason": "60 s of budget left"}
-    assert spent == gpu_check.DEFAULT_BUDGET
-    # parts as long as the H200's run of the same parts took, a third longer (an H100):
-    # the four measuring parts run, the 44 s left start nothing more (bench_ops needs 48)
+    # with parts as long as their limits, the first four fit (370 s), and the 20 s left start
+    # nothing more
+    assert list(given) == ["bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable"]
+    assert index["parts"]["tests"] == {"status": "not run", "reason": "20 s of budget left"}
+    assert spent == 370
+    # parts as long as the H200's run of the same parts took, a third longer (an H100), and
+    # 70 s for the capturable part (an estimate: its compilation): the five measuring parts
+    # run, the 34 s left start nothing more (bench_ops needs 48)
     h100 = {
         "bench_optim": 55.0,
         "bench_optim_780m": 75.0,
         "profile": 20.0,
+        "bench_optim_capturable": 70.0,
         "tests": 136.0,
         "train": 140.0,
         "bench_ops": 22.0,
@@ -82,11 +97,13 @@ def test_the_default_budget_runs_the_measuring_parts_and_never_overruns(monkeypa
         "bench_ops_tf32": 24.0,
     }
     given, index, spent = _fake_run(monkeypatch, tmp_path, h100, gpu_check.DEFAULT_BUDGET)
-    assert list(given) == ["bench_optim", "bench_optim_780m", "profile", "tests"]
-    assert index["parts"]["train"] == {"status": "not run", "reason": "44 s of budget left"}
-    assert spent == 55 + 75 + 20 + 136 <= 360  # about six minutes
+    assert list(given) == [
+        "bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable", "tests"
+    ]  # fmt: skip
+    assert index["parts"]["train"] == {"status": "not run", "reason": "34 s of budget left"}
+    assert spent == 55 + 75 + 20 + 70 + 136 <= 360  # about six minutes
     # a larger budget gives the rest their turn, in order
-    given, _, _ = _fake_run(monkeypatch, tmp_path, h100, 600.0)
+    given, _, _ = _fake_run(monkeypatch, tmp_path, h100, 700.0)
     assert list(given) == list(gpu_check.PARTS)
 
 
