@@ -10,8 +10,7 @@ A subclass supplies the base direction:
 * ``__init__(params, <its hyperparameters>, **options)`` passes its hyperparameters as a dict
   and ``options`` as they are to ``SpectraOptimizer.__init__``, which takes the engine options
   (``nonfinite``, ``batch_elements``, ``chunk_elements``, ``split_work``, ``capturable``) by
-  name and treats
-  every other keyword as a SPECTRA setting;
+  name and treats every other keyword as a SPECTRA setting;
 * ``_init_state(group, p, state)`` creates the state buffers of ``p`` (``state["step"]`` is
   added and counted here; it is 1 during the first step);
 * ``_direction(group, params, grads, states, out)`` updates the states and writes the base
@@ -110,8 +109,8 @@ class SpectraOptimizer(Optimizer):
         defaults: the base optimizer's hyperparameters; the SPECTRA settings are merged in
             (see :data:`spectra.optim.settings.SPECTRA_DEFAULTS`).
         nonfinite: ``"raise"`` (the default without ``capturable``) raises
-            ``FloatingPointError`` when a gradient or a
-            base direction holds inf/nan, before any parameter changes; ``"skip"`` leaves the
+            ``FloatingPointError`` when a gradient or a base direction holds inf/nan, before
+            any parameter changes; ``"skip"`` leaves the
             parameters untouched for that step, warns and counts it in
             ``num_skipped_steps``. Under ``"skip"`` a non-finite gradient also leaves the state
             untouched, at the cost of a host read of its own before the state changes; under
