@@ -421,3 +421,28 @@ def test_deferred_batches_read_in_waves_of_bounded_pending_state(monkeypatch):
     total = sum(m.numel() for m in mats)
     _, seen = run()  # the default: total / PENDING_FRACTION = 7168 elements a wave
     assert total // batched.PENDING_FRACTION == 7168 and len(seen) == 4, seen
+
+
+def test_a_capturable_step_with_expert_stacks_and_fused_blocks_compiles_whole():
+    # per-expert matrices (clip_batch_dims) and the blocks of a fused tensor (clip_split), each
+    # with its own α, through the step without host reads, eager and compiled whole
+    torch.manual_seed(0)
+    experts, fused = torch.randn(4, 16, 8), torch.randn(24, 8)
+
+    def run(capturable: bool, compiled: bool = False) -> list[torch.Tensor]:
+        ps = [experts.clone().requires_grad_(), fused.clone().requires_grad_()]
+        groups = [{"params": [ps[0]], "clip_batch_dims": 1},
+                  {"params": [ps[1]], "clip_split": ((8, 16), 0)}]  # fmt: skip
+        opt = so.AdamW(groups, lr=1e-2, clip_c=0.5, clip_method="polar", capturable=capturable)
+        step = torch.compile(opt.step, fullgraph=True, backend="eager") if compiled else opt.step
+        for k in range(3):
+            gen = torch.Generator().manual_seed(k)
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=gen)
+            step()
+        return [p.detach() for p in ps]
+
+    torch._dynamo.reset()
+    reads, capturable, compiled = run(False), run(True), run(True, True)
+    assert_params_close(reads, capturable, 1e-5)
+    assert_params_close(capturable, compiled, 1e-6)
