@@ -228,10 +228,6 @@ def test_matrix_param_groups_reads_in_out_expert_stacks_from_the_hidden_size():
         ({"clip_split": ((3, 3), 0)}, r"clip_split=\(\(3, 3\), 0\): parameter 0 .* \(8, 6\)"),
         ({"clip_split": ((4, 4), 2)}, r"clip_split=\(\(4, 4\), 2\): parameter 0"),
         ({"clip_batch_dims": 1}, r"clip_batch_dims=1, .*: parameter 0 of its group has shape"),
-        (
-            {"clip_batch_dims": 1, "pre_clip_kappa": 2.0},
-            "pre_clip_kappa=2.0 keeps one running scale per tensor",
-        ),
     ],
 )
 def test_bad_layout_settings_are_refused_at_construction_by_name(settings, message):
@@ -312,3 +308,39 @@ def test_a_three_dimensional_table_outside_an_experts_module_keeps_the_default_r
     vit.pos_embed = nn.Parameter(torch.zeros(1, 16, 8))  # a position table, not experts
     groups = spectra.matrix_param_groups(vit)
     assert len(groups) == 1 and "clip_batch_dims" not in groups[0]
+
+
+@pytest.mark.parametrize("layout", [{"clip_batch_dims": 1}, {"clip_split": ((3, 5), 1)}])
+def test_the_adaptive_pre_clip_keeps_a_running_scale_per_expert_and_block(layout):
+    # each matrix of a stack (or block of a fused tensor) steps as its own parameter would: its
+    # own σ̂, running scale and threshold. The reference: the same matrices as separate
+    # parameters (columns 3 and 5 of a split along dim 1 as two (6, 3)/(6, 5) tensors)
+    torch.manual_seed(0)
+    stacked = torch.randn(4, 6, 8) if "clip_batch_dims" in layout else torch.randn(6, 8)
+    scales = [1.0, 30.0, 0.3, 3.0]  # very different gradient scales per matrix
+    kw = {"lr": 1e-2, "clip_c": 1.0, "pre_clip_kappa": 2.0, "clip_method": "eigh"}
+
+    def parts(t):
+        return list(t.unbind(0)) if t.dim() == 3 else list(t.split((3, 5), dim=1))
+
+    whole = stacked.clone().requires_grad_()
+    opt = so.AdamW([{"params": [whole], **layout}], **kw)
+    separate = [x.clone().requires_grad_() for x in parts(stacked)]
+    ref = so.AdamW(separate, **kw)
+    for step in range(4):
+        gen = torch.Generator().manual_seed(step)
+        grads = [scales[i] * torch.randn(x.shape, generator=gen) for i, x in enumerate(separate)]
+        whole.grad = torch.stack(grads) if stacked.dim() == 3 else torch.cat(grads, dim=1)
+        for x, g in zip(separate, grads, strict=True):
+            x.grad = g.clone()
+        opt.step()
+        ref.step()
+    for got, want in zip(parts(whole.detach()), separate, strict=True):
+        torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-6)
+    emas = opt.state[whole]["pre_clip_ema"]
+    assert isinstance(emas, list) and len(emas) == len(separate)
+    assert emas == pytest.approx([ref.state[x]["pre_clip_ema"] for x in separate], rel=1e-12)
+    # and it resumes: the list of scales is saved and loaded as it is
+    again = so.AdamW([{"params": [whole], **layout}], **kw)
+    again.load_state_dict(opt.state_dict())
+    assert again.state[whole]["pre_clip_ema"] == emas

@@ -56,6 +56,7 @@ from spectra.optim.settings import (
     describe_schedules,
     keep_schedules,
     plan,
+    pre_clip_ema_init,
     pre_clips,
     schedules_of,
 )
@@ -387,7 +388,7 @@ class SpectraOptimizer(Optimizer):
                     state["step"] = step_counter(state["step"], device)
                 if adaptive_pre(group, p):
                     # a float, which load_state_dict keeps as saved (it casts tensors)
-                    state.setdefault("pre_clip_ema", 0.0)
+                    state.setdefault("pre_clip_ema", pre_clip_ema_init(group, p))
                 state["step"].add_(1)  # a float32 0-d tensor, as torch's optimizers keep it
                 # capturable: the count stays on the device; no schedule reads it (refused)
                 step = 0 if group["capturable"] else int(state["step"]) - 1

@@ -30,6 +30,7 @@ Same-shaped matrices go through each spectral operator together
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -142,27 +143,36 @@ def pre_clip(
 def _adaptive_pre_clip(grads: list[Tensor], plans: list[ParamPlan]) -> None:
     """The adaptive pre-clip of :func:`pre_clip`: clip in place (where ``c`` is finite) with
     :func:`spectra.ops.soft_clip_with_norm`, one call per batch of same-shaped matrices with the
-    same operator, and update each running scale from the σ̂ read in one host read."""
-    batches: dict[tuple, list[int]] = {}
+    same operator, and update each running scale (one per matrix, where a layout makes the
+    tensor several: ``ParamPlan.pre_cs``) from the σ̂ read in one host read."""
+    batches: dict[tuple, list[tuple[int, int, Tensor]]] = {}
     for j, (g, pl) in enumerate(zip(grads, plans, strict=True)):
-        key = (pl.pre, pl.shape, g.dtype, g.device)
-        batches.setdefault(key, []).append(j)
+        mats = pl.matrices(g)
+        cs = pl.pre_cs if pl.pre_cs is not None else (pl.pre.c,) * len(mats)
+        for i, (X, c) in enumerate(zip(mats, cs, strict=True)):
+            key = (dataclasses.replace(pl.pre, c=c), tuple(X.shape), X.dtype, X.device)
+            batches.setdefault(key, []).append((j, i, X))
     norms: list[Tensor] = []
-    order: list[int] = []
-    for (op, shape, _, _), js in batches.items():
-        mats = [grads[j].view(shape) for j in js]
+    order: list[tuple[int, int, float]] = []
+    for (op, _, _, _), items in batches.items():
+        mats = [X for _, _, X in items]
         # c = inf only measures: the scale of H_c for a huge c is σ̂ itself, the result is unused
         c = op.c if math.isfinite(op.c) else MEASURE_C
         Y, sigma = soft_clip_with_norm(torch.stack(mats), c, method=op.method, **op._iteration())
         if math.isfinite(op.c):
             torch._foreach_copy_(mats, list(Y.unbind(0)))
         norms.append(sigma.reshape(-1).to(torch.float64))
-        order += js
+        order += [(j, i, op.c) for j, i, _ in items]
     values = torch.cat([n.cpu() for n in norms]).tolist()
-    for j, sigma in zip(order, values, strict=True):
+    for (j, i, c), sigma in zip(order, values, strict=True):
         pl = plans[j]
-        m = pl.pre_state["pre_clip_ema"]
-        pl.pre_state["pre_clip_ema"] = pl.pre_beta * m + (1.0 - pl.pre_beta) * min(sigma, pl.pre.c)
+        ema = pl.pre_state["pre_clip_ema"]
+        m = ema[i] if isinstance(ema, list) else ema
+        m = pl.pre_beta * m + (1.0 - pl.pre_beta) * min(sigma, c)
+        if isinstance(ema, list):
+            ema[i] = m
+        else:
+            pl.pre_state["pre_clip_ema"] = m
 
 
 def post_operator_(

@@ -117,6 +117,9 @@ class ParamPlan:
             ``"pre_clip_ema"`` the pre-clip link updates (``pre`` then has ``c = inf`` on a
             step that only measures); see :mod:`spectra.optim.settings`.
         pre_beta: β of that running scale.
+        pre_cs: the adaptive pre-clip's threshold of each matrix, where the ``layout`` makes
+            the tensor several (each keeps its own running scale, a list in ``pre_clip_ema``;
+            ``pre`` then has the largest finite one); ``None`` otherwise.
         layout: where the tensor holds several matrices, or stores them as ``(in, out)``
             (:mod:`spectra.optim.layout`); ``None``: the tensor is the one matrix ``shape``.
         scales: α of each block of the ``layout``'s split, where they differ (``scale`` is
@@ -132,6 +135,7 @@ class ParamPlan:
     shard: Tensor | None = field(default=None, compare=False, repr=False)
     pre_state: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     pre_beta: float = 0.0
+    pre_cs: tuple[float, ...] | None = None
     layout: MatrixLayout | None = None
     scales: tuple[float, ...] | None = None
 

@@ -44,7 +44,8 @@ forms (:func:`spectra.ops.soft_clip_with_norm`: σ_max for ``eigh``, a bound wit
 for the k-th step (1-based) of the matrix. The first step measures σ̂_1 without clipping.
 Feeding the running scale the clipped ``min(σ̂_k, c_k)`` keeps one spike from raising the
 thresholds after it; a scale that grows for good is followed at up to ``(1 − β)(κ − 1)`` of
-itself per step. ``m_k`` is kept per parameter as ``state["pre_clip_ema"]``.
+itself per step. ``m_k`` is kept per parameter as ``state["pre_clip_ema"]``: a float, or a
+list of one per matrix where the group's layout makes the tensor several (experts, blocks).
 """
 
 from __future__ import annotations
@@ -188,13 +189,6 @@ def check_layout_settings(group: dict[str, Any]) -> None:
                 "clip_split must be None or (sizes, dim), torch.split's arguments: a non-empty "
                 f"sequence of ints >= 1 and a dimension, got {split!r}"
             )
-    several = group["clip_batch_dims"] > 0 or split is not None
-    if several and group["pre_clip_kappa"] is not None:
-        raise ValueError(
-            f"pre_clip_kappa={group['pre_clip_kappa']!r} keeps one running scale per tensor; it "
-            "does not take clip_batch_dims or clip_split (use pre_clip_c, which clips each "
-            "matrix)"
-        )
     for i, p in enumerate(group.get("params", ())):
         if isinstance(p, Tensor):
             layout_of(group, p, f"parameter {i} of its group")
@@ -308,20 +302,27 @@ def plan(
     pre = None
     c_pre = threshold(group["pre_clip_c"], group["pre_clip_schedule"], step)
     tracked = None
+    pre_cs = None
     if group["pre_clip_kappa"] is not None:
         # (an observer may plan a parameter with no state yet: it has not been measured)
         tracked = state if state is not None and "pre_clip_ema" in state else None
-        m = 0.0 if tracked is None else tracked["pre_clip_ema"]
-        running = running_scale(m, group["pre_clip_beta"], step)
-        # c = inf (the first step, or a zero scale so far): the link measures, clips nothing
-        c_pre = math.inf
-        if running > 0:
-            c_pre = threshold(group["pre_clip_kappa"] * running, group["pre_clip_schedule"], step)
-        if tracked is not None or math.isfinite(c_pre):
+        ms = pre_clip_ema_init(group, p) if tracked is None else tracked["pre_clip_ema"]
+        # one running scale per matrix of the tensor (a list where it holds several); c = inf
+        # (the first step, or a zero scale so far): the link measures that matrix, clips nothing
+        cs = []
+        for m in ms if isinstance(ms, list) else [ms]:
+            running = running_scale(m, group["pre_clip_beta"], step)
+            kappa_scale = group["pre_clip_kappa"] * running
+            cs.append(threshold(kappa_scale, group["pre_clip_schedule"], step) if running > 0
+                      else math.inf)  # fmt: skip
+        finite = [c for c in cs if math.isfinite(c)]
+        c_pre = max(finite, default=math.inf)
+        pre_cs = tuple(cs) if isinstance(ms, list) else None
+        if tracked is not None or finite:
             pre = op_of(group, "soft_clip", c_pre)
     elif c_pre is not None and math.isfinite(c_pre):
         pre = op_of(group, "soft_clip", c_pre)
-    track = {"pre_state": tracked, "pre_beta": float(group["pre_clip_beta"])}
+    track = {"pre_state": tracked, "pre_beta": float(group["pre_clip_beta"]), "pre_cs": pre_cs}
     if not group_clips(group):
         return ParamPlan(lr, wd, shape, pre, shard=shard, **track, layout=layout)
     scale, scales = group["clip_scale"], None
@@ -338,6 +339,14 @@ def plan(
     if group["post"] == "orthogonalize" or math.isfinite(c):
         post = op_of(group, group["post"], None if group["post"] == "orthogonalize" else c)
     return ParamPlan(lr, wd, shape, pre, post, scale, shard, **track, layout=layout, scales=scales)
+
+
+def pre_clip_ema_init(group: dict[str, Any], p: Tensor) -> float | list[float]:
+    """The adaptive pre-clip's running scale before any step: 0, or one 0 per matrix where the
+    group's layout makes ``p`` several matrices."""
+    layout = layout_of(group, p)
+    count = 1 if layout is None else len(layout.shapes(p.shape))
+    return [0.0] * count if count > 1 else 0.0
 
 
 def running_scale(m: float, beta: float, updates: int) -> float:
