@@ -743,3 +743,23 @@ def test_operators_page_native_bf16_tables_are_the_stored_runs():
     }
     for m, r in optim.items():
         assert_quoted(f"| `{m}` | {r['step_s']:.3f} |", "docs/operators.md")
+
+
+def test_the_main_jobs_clip_on_the_path_without_bf16_units_is_the_stored_run():
+    run = data("docs/data/main_job_clip_step_no_bf16.json")
+    assert run["cpu_bf16"].startswith("emulated (SPECTRA_CPU_BF16_UNITS=0; the CPU has ")
+    rows = {r["row"]: r for r in run["rows"]}
+    assert list(rows) == ["adamw", "spectra-adamw auto/32", "spectra-adamw auto",
+                          "spectra-adamw mixed"]  # fmt: skip
+    for key, r in rows.items():
+        line = (f"| {r['total_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['ratio_by_steps']:.3f} "
+                f"| {r['ratio_by_optimizer_time']:.3f} |")  # fmt: skip
+        assert_quoted(line, "docs/operators.md")
+        twin = rows["adamw"]
+        assert r["ratio_by_steps"] == r["total_ms"] / twin["total_ms"], key
+    before = rows["spectra-adamw auto/32"]["ratio_by_optimizer_time"]
+    after = rows["spectra-adamw auto"]["ratio_by_optimizer_time"]
+    assert_quoted(f"from {before:.2f}× to {after:.2f}× by optimizer time", "docs/operators.md")
+    assert_quoted(f"that path measured {after:.2f}× against {before:.2f}× before", "README.md")
+    assert_quoted(f"at {run['fp32_gflops']:.0f} GFLOP/s (`fp32_gflops` in the file)",
+                  "docs/operators.md")  # fmt: skip
