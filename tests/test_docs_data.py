@@ -475,11 +475,24 @@ def test_optimizer_step_tables_are_the_stored_bench_optim_runs():
         "bench_optim_cpu_2threads": ("README.md", "docs/optimizers.md", "docs/operators.md"),
         "bench_optim_memory_cpu_2threads": ("docs/optimizers.md",),
         "bench_optim_memory_cpu_1thread": ("docs/optimizers.md",),
+        "bench_optim_peers_cpu_2threads": ("docs/optimizers.md",),
     }
     for name, docs in files.items():
         table = "\n".join(format_table(data(f"docs/data/{name}.json")).splitlines()[3:])
         for doc in docs:
             assert table in text(doc), (name, doc)
+
+
+def test_the_peers_figures_on_the_cpu_are_the_stored_run():
+    rows = {r["method"]: r for r in data("docs/data/bench_optim_peers_cpu_2threads.json")["rows"]}
+    assert_quoted(f"The step takes {rows['spectra-adamw']['vs_muon']:.2f}× torch's Muon with "
+                  f"AdamW (D-Muon {rows['spectra-dmuon']['vs_muon']:.2f}×)",
+                  "docs/optimizers.md")  # fmt: skip
+    fused = rows["torch-adamw-fused"]["time_ratio"]
+    assert fused > 1.0 and rows["torch-adamw-loop"]["step_s"] == min(
+        r["step_s"] for r in rows.values()
+    )
+    assert_quoted(f"slower than its foreach one ({fused:.2f}×)", "docs/optimizers.md")
 
 
 def test_memory_claims_hold_on_the_stored_runs():
