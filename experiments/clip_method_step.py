@@ -11,7 +11,7 @@ by optimizer time (``1 + (t_opt − t_opt,twin)/t_step,twin``). The CPU's bf16 p
 measure a CPU without bf16 units' path on one that has them::
 
     SPECTRA_CPU_BF16_UNITS=0 PYTHONPATH=src python experiments/clip_method_step.py \\
-        --methods auto/32 auto mixed --steps 15 --json docs/data/clip_method_step_no_bf16.json
+        --methods auto/32 auto mixed --steps 15 --json docs/data/main_job_clip_step_no_bf16.json
 """
 
 from __future__ import annotations
@@ -49,6 +49,17 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's AVX-512 BF16, AMX and AVX2 flags (``/proc/cpuinfo``), as far as it has them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])  # fmt: skip
+    except OSError:
+        return []
+    return sorted(set(flags) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", nargs="+", default=["auto/32", "auto", "mixed"])
@@ -76,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(total):
         for run in runs:
             _step(run, device, timed=k >= args.warmup)
+        print(f"  step {k + 1} of {total}", file=sys.stderr, flush=True)
     twin_total = statistics.median(runs[0].totals)
     twin_opt = statistics.median(runs[0].opt_times)
     rows = []
@@ -88,9 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['row']:<22} step {r['total_ms']:7.1f} ms  optimizer {r['optimizer_ms']:6.1f} ms"
               f"  x twin {r['ratio_by_steps']:.3f} (by optimizer time "
               f"{r['ratio_by_optimizer_time']:.3f})", flush=True)  # fmt: skip
+    from spectra_lab.bench.ops import matmul_rate
+
     report = {
         "command": "python experiments/clip_method_step.py " + " ".join(sys.argv[1:]),
         "cpu": cpu_name(),
+        "cpu_flags": cpu_flags(),
+        # the float32 product rate: what a matmul-only clip's cost follows from CPU to CPU
+        "fp32_gflops": matmul_rate(torch.float32, device) / 1e9,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         **device_about("cpu"),

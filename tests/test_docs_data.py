@@ -475,11 +475,24 @@ def test_optimizer_step_tables_are_the_stored_bench_optim_runs():
         "bench_optim_cpu_2threads": ("README.md", "docs/optimizers.md", "docs/operators.md"),
         "bench_optim_memory_cpu_2threads": ("docs/optimizers.md",),
         "bench_optim_memory_cpu_1thread": ("docs/optimizers.md",),
+        "bench_optim_peers_cpu_2threads": ("docs/optimizers.md",),
     }
     for name, docs in files.items():
         table = "\n".join(format_table(data(f"docs/data/{name}.json")).splitlines()[3:])
         for doc in docs:
             assert table in text(doc), (name, doc)
+
+
+def test_the_peers_figures_on_the_cpu_are_the_stored_run():
+    rows = {r["method"]: r for r in data("docs/data/bench_optim_peers_cpu_2threads.json")["rows"]}
+    assert_quoted(f"The step takes {rows['spectra-adamw']['vs_muon']:.2f}× torch's Muon with "
+                  f"AdamW (D-Muon {rows['spectra-dmuon']['vs_muon']:.2f}×)",
+                  "docs/optimizers.md")  # fmt: skip
+    fused = rows["torch-adamw-fused"]["time_ratio"]
+    assert fused > 1.0 and rows["torch-adamw-loop"]["step_s"] == min(
+        r["step_s"] for r in rows.values()
+    )
+    assert_quoted(f"slower than its foreach one ({fused:.2f}×)", "docs/optimizers.md")
 
 
 def test_memory_claims_hold_on_the_stored_runs():
@@ -743,3 +756,23 @@ def test_operators_page_native_bf16_tables_are_the_stored_runs():
     }
     for m, r in optim.items():
         assert_quoted(f"| `{m}` | {r['step_s']:.3f} |", "docs/operators.md")
+
+
+def test_the_main_jobs_clip_on_the_path_without_bf16_units_is_the_stored_run():
+    run = data("docs/data/main_job_clip_step_no_bf16.json")
+    assert run["cpu_bf16"].startswith("emulated (SPECTRA_CPU_BF16_UNITS=0; the CPU has ")
+    rows = {r["row"]: r for r in run["rows"]}
+    assert list(rows) == ["adamw", "spectra-adamw auto/32", "spectra-adamw auto",
+                          "spectra-adamw mixed"]  # fmt: skip
+    for key, r in rows.items():
+        line = (f"| {r['total_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['ratio_by_steps']:.3f} "
+                f"| {r['ratio_by_optimizer_time']:.3f} |")  # fmt: skip
+        assert_quoted(line, "docs/operators.md")
+        twin = rows["adamw"]
+        assert r["ratio_by_steps"] == r["total_ms"] / twin["total_ms"], key
+    before = rows["spectra-adamw auto/32"]["ratio_by_optimizer_time"]
+    after = rows["spectra-adamw auto"]["ratio_by_optimizer_time"]
+    assert_quoted(f"from {before:.2f}× to {after:.2f}× by optimizer time", "docs/operators.md")
+    assert_quoted(f"that path measured {after:.2f}× against {before:.2f}× before", "README.md")
+    assert_quoted(f"at {run['fp32_gflops']:.0f} GFLOP/s (`fp32_gflops` in the file)",
+                  "docs/operators.md")  # fmt: skip

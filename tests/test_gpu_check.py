@@ -154,3 +154,18 @@ def test_the_summary_of_a_run_with_the_peers_gives_their_ratios_and_memory(tmp_p
     assert "| `spectra-adamw` | 50.0 | 12.50 | 1.25 | 0.40 | 1.50 | – |" in summary
     assert "CUDA tests" not in summary and "780M" not in summary
     assert f"`{gpu_check.PROFILE_FILE}`" in summary
+
+
+def test_every_bench_optim_part_passes_arguments_bench_optim_takes():
+    from spectra_lab.bench import optim as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    for extra in (gpu_check.OPTIM_ARGS, gpu_check.OPTIM_780M_ARGS, gpu_check.PROFILE_ARGS):
+        args = parser.parse_args(["--device", "cuda", *extra])
+        assert set(args.methods) <= set(bench.METHODS + bench.EXTRA_METHODS)
+    big = parser.parse_args(list(gpu_check.OPTIM_780M_ARGS))
+    shapes = bench.llama_shapes(big.layers, big.dim, big.hidden, big.vocab)
+    assert (big.layers, big.dim, big.hidden, big.no_memory) == (32, 1280, 3584, True)
+    assert 0.75e9 < sum(torch.Size(s).numel() for s in shapes) < 0.8e9  # 779M
+    assert parser.parse_args(list(gpu_check.PROFILE_ARGS)).methods == ["spectra-adamw"]
