@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops import batched_apply_all_, soft_clip_with_norm
-from spectra.ops.batched import BATCH_FRACTION
+from spectra.ops.batched import BATCH_FRACTION, MIN_BATCH
 from spectra.optim.distributed import (
     all_agree_finite,
     apply_replicated,
@@ -337,7 +337,8 @@ def spectra_step(
             (one parameter, if larger), bounding the direction buffers; ``None``: all at once.
         batch_elements: cap of one spectral-operator batch (see
             :func:`spectra.ops.batched_apply_`); ``None``: 1/``BATCH_FRACTION`` of the step's
-            matrices that a spectral link sees, whole-step even when the chain runs in chunks.
+            matrices that a spectral link sees (at least ``MIN_BATCH``), whole-step even when
+            the chain runs in chunks.
         group: a process group whose ranks all hold these (replicated) parameters, as under
             DDP: each spectral operator runs on one rank and its result is broadcast
             (:mod:`spectra.optim.distributed`). Shards of ``DTensor`` parameters (``plans``'
@@ -374,7 +375,7 @@ def spectra_step(
         # below one matrix and serialise the clip's batches.
         spectral = [pl.shape is not None and (pl.pre or pl.post) is not None for pl in plans]
         seen = sum(n for n, s in zip(sizes, spectral, strict=True) if s)
-        batch_elements = max(1, -(-seen // BATCH_FRACTION))
+        batch_elements = max(MIN_BATCH, -(-seen // BATCH_FRACTION))
     if capturable:
         return _capturable_step(params, grads, plans, direction, chunk_elements, batch_elements)
     for idx in chunks(sizes, chunk_elements):
