@@ -776,3 +776,24 @@ def test_the_main_jobs_clip_on_the_path_without_bf16_units_is_the_stored_run():
     assert_quoted(f"that path measured {after:.2f}× against {before:.2f}× before", "README.md")
     assert_quoted(f"at {run['fp32_gflops']:.0f} GFLOP/s (`fp32_gflops` in the file)",
                   "docs/operators.md")  # fmt: skip
+
+
+def test_every_stored_gpu_run_is_listed_and_the_gpu_page_shows_the_list():
+    # each run under docs/data/gpu/<gpu>/<date>/ holds the files runs.json lists, its index
+    # names that GPU and date, and docs/gpu.md shows the table rendered from runs.json
+    from spectra_lab.gpucheck.check import runs_table
+
+    runs = data("docs/data/gpu/runs.json")["runs"]
+    assert runs
+    for run in runs:
+        folder = DATA / "gpu" / run["folder"]
+        for name in run["files"] + list(run.get("also", {})):
+            assert (folder / name).is_file(), (run["folder"], name)
+        index = json.loads((folder / "gpu_check.json").read_text())
+        assert (index["gpu"], index["date"], index["commit"]) == (
+            run["gpu"],
+            run["date"],
+            run["commit"],
+        )
+    block = re.search(r"<!-- gpu:runs -->\n(.*?)\n<!-- /gpu:runs -->", text("docs/gpu.md"), re.S)
+    assert block is not None and block.group(1) == runs_table(DATA / "gpu")

@@ -119,6 +119,26 @@ def test_the_archive_holds_the_index_the_summary_and_every_part_file(monkeypatch
     assert f"{len(names)} files packed into {archive}" in capsys.readouterr().out
 
 
+def test_a_run_is_kept_whole_under_its_gpu_and_date_and_listed(monkeypatch, tmp_path):
+    # the files directly under --out are the latest run's; each run also stays in its own
+    # folder, and runs.json lists every run once (a rerun with the same date replaces it)
+    quick = dict.fromkeys(gpu_check.PARTS, 1.0)
+    _fake_run(monkeypatch, tmp_path, quick, 1000.0)
+    out = tmp_path / "gpu"
+    kept = out / gpu_check.gpu_slug(ABOUT["gpu"]) / "d"
+    names = ["gpu_check.json", "summary.md", *(f"{n}.json" for n in gpu_check.PARTS)]
+    assert sorted(p.name for p in kept.iterdir()) == sorted(names)
+    assert (kept / "gpu_check.json").read_bytes() == (out / "gpu_check.json").read_bytes()
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    assert runs == [{"gpu": "g", "date": "d", "commit": None, "torch": "t", "folder": "g/d",
+                     "files": names}]  # fmt: skip
+    _fake_run(monkeypatch, tmp_path, quick, 1000.0)
+    assert len(json.loads((out / "runs.json").read_text())["runs"]) == 1
+    assert "| g | d | unknown | t | `g/d/` |" in gpu_check.runs_table(out)
+    assert gpu_check.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_check.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
