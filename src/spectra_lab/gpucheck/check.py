@@ -489,6 +489,29 @@ def ops_figures(path: Path) -> dict[str, tuple[float, float, float]]:
     return out
 
 
+def ops_cells(path: Path) -> str:
+    """What a ``bench ops`` file's cells are, per method: ``"48 cells: 12 synthetic (...) and
+    36 recorded (...)"``, from the file itself."""
+    cells = json.loads(path.read_text())["cells"]
+    first = cells[0]["method"]
+    mine = [c for c in cells if c["method"] == first]
+    recorded = [c for c in mine if "@" in c["input"]]  # recorded inputs: optimizer@step/group
+    synthetic = [c for c in mine if "@" not in c["input"]]
+
+    def shapes(cs: list[dict[str, Any]]) -> str:
+        return ", ".join(dict.fromkeys(c["shape"].replace("x", "×") for c in cs))
+
+    def inputs(cs: list[dict[str, Any]]) -> str:
+        return ", ".join(dict.fromkeys(c["input"] for c in cs))
+
+    parts = []
+    if synthetic:
+        parts.append(f"{len(synthetic)} of inputs {inputs(synthetic)} at {shapes(synthetic)}")
+    if recorded:
+        parts.append(f"{len(recorded)} of recorded optimizer directions at {shapes(recorded)}")
+    return f"{len(mine)} cells: " + " and ".join(parts)
+
+
 def markdown_summary(folder: str | Path) -> str:
     """The tables of docs/gpu.md, from the files a gpu-check wrote into ``folder``."""
     folder = Path(folder)
@@ -525,10 +548,11 @@ def markdown_summary(folder: str | Path) -> str:
                   f"its top 30 kernels by CUDA time: `{PROFILE_FILE}`.", ""]  # fmt: skip
     if all(parts.get(p, {}).get("status") == "passed" for p in ("bench_ops", "bench_ops_tf32")):
         full, tf32 = (ops_figures(folder / f) for f in ("bench_ops.json", "bench_ops_tf32.json"))
+        cells = ops_cells(folder / "bench_ops.json")
         lines += [
-            "Soft clipping, one matrix per call (`bench ops`, 48 cells: 768², 768×3072, 2048², "
-            "Adam-like spike, sign and recorded inputs, float32 and bf16; errors against the "
-            "float64 SVD, where bf16 rounding alone gives 1.7e-3):",
+            f"Soft clipping, one matrix per call (`bench ops`, {cells}, float32 and bf16; "
+            "errors against the float64 SVD, where bf16 rounding alone gives "
+            "1.7e-3):",
             "",
             "| method | median ÷ paper bf16 | median ÷ paper bf16, TF32 | worst error, float32 "
             "input | worst error, bf16 input |",
