@@ -781,7 +781,7 @@ def test_the_main_jobs_clip_on_the_path_without_bf16_units_is_the_stored_run():
 def test_every_stored_gpu_run_is_listed_and_the_gpu_page_shows_the_list():
     # each run under docs/data/gpu/<gpu>/<date>/ holds the files runs.json lists, its index
     # names that GPU and date, and docs/gpu.md shows the table rendered from runs.json
-    from spectra_lab.gpucheck.check import runs_table
+    from spectra_lab.gpucheck.runs import runs_table
 
     runs = data("docs/data/gpu/runs.json")["runs"]
     assert runs

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from spectra_lab.gpucheck import check as gpu_check
+from spectra_lab.gpucheck import runs as gpu_runs
 
 ABOUT = {"date": "d", "gpu": "g", "gpus": 1, "torch": "t", "cuda": "c", "python": "p",
          "commit": None}  # fmt: skip
@@ -125,7 +126,7 @@ def test_a_run_is_kept_whole_under_its_gpu_and_date_and_listed(monkeypatch, tmp_
     quick = dict.fromkeys(gpu_check.PARTS, 1.0)
     _fake_run(monkeypatch, tmp_path, quick, 1000.0)
     out = tmp_path / "gpu"
-    kept = out / gpu_check.gpu_slug(ABOUT["gpu"]) / "d"
+    kept = out / gpu_runs.gpu_slug(ABOUT["gpu"]) / "d"
     names = ["gpu_check.json", "summary.md", *(f"{n}.json" for n in gpu_check.PARTS)]
     assert sorted(p.name for p in kept.iterdir()) == sorted(names)
     assert (kept / "gpu_check.json").read_bytes() == (out / "gpu_check.json").read_bytes()
@@ -134,9 +135,9 @@ def test_a_run_is_kept_whole_under_its_gpu_and_date_and_listed(monkeypatch, tmp_
                      "files": names}]  # fmt: skip
     _fake_run(monkeypatch, tmp_path, quick, 1000.0)
     assert len(json.loads((out / "runs.json").read_text())["runs"]) == 1
-    assert "| g | d | unknown | t | `g/d/` |" in gpu_check.runs_table(out)
-    assert gpu_check.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
-    assert gpu_check.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert "| g | d | unknown | t | `g/d/` |" in gpu_runs.runs_table(out)
+    assert gpu_runs.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_runs.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
 
 
 @pytest.mark.parametrize(

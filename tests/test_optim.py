@@ -892,7 +892,6 @@ def test_clip_ns_settings_reach_the_paper_operator():
 
 def test_chunked_step_batches_with_the_whole_steps_budget(monkeypatch):
     # A chunk's own 1/32 would fall below one matrix and serialise the clip's batches.
-    from spectra.ops.batched import MIN_BATCH
     from spectra.optim import chain
 
     seen = []
@@ -907,9 +906,4 @@ def test_chunked_step_batches_with_the_whole_steps_budget(monkeypatch):
     for p in ps:
         p.grad = torch.randn_like(p)
     so.AdamW(ps, lr=1e-3, clip_c=1.0, chunk_elements=2 * 32 * 32).step()
-    # four chunks, each with the budget of all eight matrices, floored as unchunked steps are
-    assert seen == [max(MIN_BATCH, -(-8 * 32 * 32 // 32))] * 4
-    seen.clear()
-    monkeypatch.setattr(chain, "MIN_BATCH", 1)
-    so.AdamW(ps, lr=1e-3, clip_c=1.0, chunk_elements=2 * 32 * 32).step()
-    assert seen == [-(-8 * 32 * 32 // 32)] * 4  # below the floor: 1/32 of all eight
+    assert seen == [-(-8 * 32 * 32 // 32)] * 4  # four chunks, the budget of all eight matrices

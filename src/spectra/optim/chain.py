@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops import batched_apply_all_, soft_clip_with_norm
-from spectra.ops.batched import BATCH_FRACTION, MIN_BATCH
+from spectra.ops.batched import BATCH_FRACTION
 from spectra.optim.distributed import (
     all_agree_finite,
     apply_replicated,
@@ -337,8 +337,8 @@ def spectra_step(
             (one parameter, if larger), bounding the direction buffers; ``None``: all at once.
         batch_elements: cap of one spectral-operator batch (see
             :func:`spectra.ops.batched_apply_`); ``None``: 1/``BATCH_FRACTION`` of the step's
-            matrices that a spectral link sees (at least ``MIN_BATCH``), whole-step even when
-            the chain runs in chunks.
+            matrices that a spectral link sees, whole-step even when the chain runs in chunks
+            (with no floor: a chunked step is asked for to bound its memory).
         group: a process group whose ranks all hold these (replicated) parameters, as under
             DDP: each spectral operator runs on one rank and its result is broadcast
             (:mod:`spectra.optim.distributed`). Shards of ``DTensor`` parameters (``plans``'
@@ -371,11 +371,7 @@ def spectra_step(
         (p if pl.shard is None else pl.shard).numel() for p, pl in zip(params, plans, strict=True)
     ]
     if batch_elements is None and chunk_elements is not None:
-        # The batches' budget is the whole step's, not a chunk's: a chunk's own 1/32 would be
-        # below one matrix and serialise the clip's batches.
-        spectral = [pl.shape is not None and (pl.pre or pl.post) is not None for pl in plans]
-        seen = sum(n for n, s in zip(sizes, spectral, strict=True) if s)
-        batch_elements = max(MIN_BATCH, -(-seen // BATCH_FRACTION))
+        batch_elements = whole_step_budget(sizes, plans)
     if capturable:
         return _capturable_step(params, grads, plans, direction, chunk_elements, batch_elements)
     for idx in chunks(sizes, chunk_elements):
@@ -394,6 +390,14 @@ def spectra_step(
         add_update_(ps, updates, pls)
         del updates
     return True
+
+
+def whole_step_budget(sizes: Sequence[int], plans: Sequence[ParamPlan]) -> int:
+    """The clip's batch budget of a chunked step: the whole step's 1/``BATCH_FRACTION``, not a
+    chunk's, which would be below one matrix and serialise the clip's batches."""
+    spectral = [pl.shape is not None and (pl.pre or pl.post) is not None for pl in plans]
+    seen = sum(n for n, s in zip(sizes, spectral, strict=True) if s)
+    return max(1, -(-seen // BATCH_FRACTION))
 
 
 def _capturable_step(

@@ -332,12 +332,10 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
         return so.AdamW(params, clip_c=clip_c, chunk_elements=chunk, **kw)
     if method in CAPTURABLE_METHODS:
         return make_capturable(method, params, lr, clip_c, betas=(0.9, 0.999), weight_decay=0.1)
-    if method.endswith("-bf16") and method.startswith("spectra-adamw-"):
-        clip_method = method.removeprefix("spectra-adamw-").removesuffix("-bf16")
-        return so.AdamW(params, clip_c=clip_c, clip_method=clip_method,
-                        clip_ns_dtype="bfloat16", **kw)  # fmt: skip
     if method.startswith("spectra-adamw-") and method != "spectra-adamw-chunked":
-        return so.AdamW(params, clip_c=clip_c, clip_method=method.rsplit("-", 1)[1], **kw)
+        name = method.removeprefix("spectra-adamw-")  # a clip_method, "-bf16": bf16 first
+        bf16 = {"clip_ns_dtype": "bfloat16"} if name.endswith("-bf16") else {}
+        return so.AdamW(params, clip_c=clip_c, clip_method=name.removesuffix("-bf16"), **bf16, **kw)
     if method == "spectra-noclip":
         return so.AdamW(params, clip_c=None, **kw)
     if method == "spectra-wrap":
@@ -539,16 +537,13 @@ def run(args: argparse.Namespace) -> int:
         shapes = llama_shapes(args.layers, args.dim, args.hidden, args.vocab)
     methods = tuple(args.methods or METHODS)
     notes = []
-    if "spectra-adamw-graph" in methods:
-        graph = graph_note(torch.device(args.device))
-        if graph is not None:
-            methods = tuple(m for m in methods if m != "spectra-adamw-graph")
-            notes.append(graph)
-    if "torch-adamw-fused" in methods:
-        fused = fused_adamw_note(torch.device(args.device), getattr(torch, args.dtype))
-        if fused is not None:
-            methods = tuple(m for m in methods if m != "torch-adamw-fused")
-            notes.append(fused)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    for row, note in (("spectra-adamw-graph", lambda: graph_note(device)),
+                      ("torch-adamw-fused", lambda: fused_adamw_note(device, dtype))):  # fmt: skip
+        why = note() if row in methods else None  # why the row cannot run here
+        if why is not None:
+            methods = tuple(m for m in methods if m != row)
+            notes.append(why)
     if args.methods is None:
         slow, bf16, fp32 = bf16_is_slow(torch.device(args.device))
         if slow:

@@ -66,6 +66,7 @@ import torch
 from spectra.validate import check_number
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write, write_json_atomic
+from spectra_lab.gpucheck.runs import keep_run, run_names
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = ROOT / "docs" / "data" / "gpu"
@@ -386,53 +387,6 @@ def write_archive(path: str | Path, out: Path, index: dict[str, Any]) -> list[st
             for n in names:
                 tar.add(out / n, arcname=n)
     return names
-
-
-def run_names(out: Path, index: dict[str, Any]) -> list[str]:
-    """The files of one run under ``out``: the index, ``summary.md`` and every part's file."""
-    names = ["gpu_check.json", "summary.md"]
-    names += [p["file"] for p in index["parts"].values() if p.get("file")]
-    return [n for n in dict.fromkeys(names) if (out / n).is_file()]
-
-
-def gpu_slug(gpu: str) -> str:
-    """A folder name for a GPU's runs: its model (``"NVIDIA H100 80GB HBM3"`` → ``h100``)."""
-    import re
-
-    model = re.search(r"\b([A-Z]+\d{2,4}[A-Za-z]?)\b", gpu)
-    return (model.group(1) if model else re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")).lower()
-
-
-def keep_run(out: Path, index: dict[str, Any]) -> Path:
-    """Copy the run's files into ``out/<gpu>/<date>/`` and list it in ``out/runs.json``, so that
-    every run a page quotes stays on disk after the next run rewrites ``out``."""
-    import shutil
-
-    stamp = index["date"].replace(" UTC", "").replace(" ", "-").replace(":", "")
-    folder = out / gpu_slug(index["gpu"]) / stamp
-    folder.mkdir(parents=True, exist_ok=True)
-    names = run_names(out, index)
-    for n in names:
-        shutil.copyfile(out / n, folder / n)
-    listed = out / "runs.json"
-    runs = json.loads(listed.read_text())["runs"] if listed.exists() else []
-    entry = {"gpu": index["gpu"], "date": index["date"], "commit": index["commit"],
-             "torch": index["torch"], "folder": str(folder.relative_to(out)),
-             "files": names}  # fmt: skip
-    runs = [r for r in runs if r["folder"] != entry["folder"]] + [entry]
-    write_json_atomic(listed, {"runs": runs})
-    return folder
-
-
-def runs_table(out: str | Path) -> str:
-    """The markdown table of every stored GPU run (``runs.json``): machine, date, commit."""
-    runs = json.loads((Path(out) / "runs.json").read_text())["runs"]
-    lines = ["| GPU | date | commit measured | torch | folder under `docs/data/gpu/` |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for r in runs:
-        lines.append(f"| {r['gpu']} | {r['date']} | {r['commit'] or 'unknown'} | "
-                     f"{r['torch']} | `{r['folder']}/` |")  # fmt: skip
-    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
