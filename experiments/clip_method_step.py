@@ -17,7 +17,6 @@ measure a CPU without bf16 units' path on one that has them::
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 
@@ -36,17 +35,6 @@ def make_run(label: str, optimizer: str, kwargs: dict, batch_size: int, steps: i
     params = [p for p in model.parameters() if p.requires_grad]
     gen = torch.Generator().manual_seed(0)
     return _Run(label, None, cfg, model, opt, params, gen, (batch_size, model_cfg.seq_len + 1))
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def cpu_flags() -> list[str]:
@@ -104,12 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "command": "python experiments/clip_method_step.py " + " ".join(sys.argv[1:]),
-        "cpu": cpu_name(),
         "cpu_flags": cpu_flags(),
         # the float32 product rate: what a matmul-only clip's cost follows from CPU to CPU
         "fp32_gflops": matmul_rate(torch.float32, device) / 1e9,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
         **device_about("cpu"),
         "steps": args.steps,
         "warmup": args.warmup,

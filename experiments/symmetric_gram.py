@@ -17,13 +17,13 @@ times and ratios.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
 import torch
 
 from spectra.ops._common import CPU_HAS_BF16_UNITS
+from spectra_lab.bench.precision import device_about
 from spectra_lab.files import write_json_atomic
 
 #: (batch, m, n): the main job's 192×512 and 192×192 matrices, the 124M model's 768² and
@@ -45,16 +45,6 @@ def gram_by_blocks(X: torch.Tensor, k: int) -> torch.Tensor:
             if i != j:
                 G[..., bounds[j] : bounds[j + 1], bounds[i] : bounds[i + 1]] = block.mT
     return G
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,12 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = "  ".join(f"{n} {v:7.3f} ms ({row['ratio'][n]:.2f}x)" for n, v in med.items())
             print(f"{dtype_name:9s} {shape!s:18s} {cells}")
     about = {
-        "machine": {
-            "cpu": cpu_model(),
-            "bf16_units": CPU_HAS_BF16_UNITS,
-            "threads": args.threads,
-            "torch": torch.__version__,
-        },
+        "machine": device_about("cpu"),
         "rounds": args.rounds,
         "flops_fraction": {f"blocks{k}": (k + 1) / (2 * k) for k in args.blocks},
         "rows": rows,

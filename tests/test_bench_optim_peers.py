@@ -133,3 +133,13 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
     out = capsys.readouterr().out
     assert "`spectra-adamw-polar-bf16`" in out and "`spectra-adamw-capturable`" in out
     assert "spectra-adamw-graph skipped: CUDA graphs need a CUDA device, not cpu" in out
+
+
+def test_every_bench_report_names_its_machine():
+    # the CPU's model and bf16 support (or the GPU), the threads, torch and the commit
+    from spectra_lab.bench.precision import device_about
+
+    about = device_about("cpu")
+    assert about["gpu"] is None and about["cpu"] and about["cpu_bf16"]
+    assert about["threads"] == torch.get_num_threads() and about["torch"] == torch.__version__
+    assert about["commit"] is None or len(about["commit"]) >= 7

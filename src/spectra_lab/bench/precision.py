@@ -1,16 +1,22 @@
-"""The ``--tf32`` option of the benchmarks and what a report says about its device.
+"""The ``--tf32`` option of the benchmarks and what a report says about its machine.
 
 float32 matrix products on CUDA run in full float32 by default; ``--tf32`` lets them use TF32
-tensor cores (10-bit mantissa), ``torch.set_float32_matmul_precision("high")``. The setting
-and the GPU's name go into the benchmark's report.
+tensor cores (10-bit mantissa), ``torch.set_float32_matmul_precision("high")``. The setting,
+the GPU's name or the CPU's model and bf16 support, the thread count, torch and the commit go
+into every benchmark's report (:func:`device_about`), so that a figure names its machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def add_tf32_argument(parser: argparse.ArgumentParser) -> None:
@@ -52,14 +58,37 @@ def cpu_bf16() -> str:
     )
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` says)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def source_commit() -> str | None:
+    """The short commit of the checkout the code runs from (``None`` outside a git checkout)."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                         capture_output=True, check=False).stdout.strip()  # fmt: skip
+    return out or None
+
+
 def device_about(device: torch.device | str) -> dict[str, Any]:
-    """The GPU's name (``None`` on the CPU) or the CPU's bf16 support, and the float32 matmul
+    """The machine a report was measured on: the GPU's name (``None`` on the CPU), or the CPU's
+    model and bf16 support; the torch threads, torch, the commit and the float32 matmul
     precision in force."""
     device = torch.device(device)
     about = {
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "commit": source_commit(),
     }
     if device.type == "cpu":
-        about["cpu_bf16"] = cpu_bf16()
+        about.update(cpu=cpu_model(), cpu_bf16=cpu_bf16())
     return about

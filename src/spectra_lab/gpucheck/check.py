@@ -350,8 +350,8 @@ PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
 
 
 def about_machine() -> dict[str, Any]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                            capture_output=True, check=False).stdout.strip()  # fmt: skip
+    from spectra_lab.bench.precision import source_commit
+
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": torch.cuda.get_device_name(0),
@@ -359,7 +359,7 @@ def about_machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
-        "commit": commit or None,
+        "commit": source_commit(),
     }
 
 
