@@ -212,19 +212,25 @@ def _pending_elements(batch: list[Tensor]) -> int:
     return 2 * min(batch[0].shape[-2:]) ** 2 * len(batch)
 
 
+def consecutive_runs(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive runs of indices whose sizes add up to at most ``budget`` (at least one index
+    each)."""
+    runs: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if not runs or total + n > budget:
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += n
+    return runs
+
+
 def _waves(deferred: list, max_pending: int) -> list[list]:
     """The deferred ``(op, batch)`` pairs in consecutive waves of at most ``max_pending``
     elements of pending state (at least one batch each)."""
-    waves: list[list] = []
-    held = 0
-    for item in deferred:
-        size = _pending_elements(item[1])
-        if not waves or held + size > max_pending:
-            waves.append([])
-            held = 0
-        waves[-1].append(item)
-        held += size
-    return waves
+    sizes = [_pending_elements(batch) for _, batch in deferred]
+    return [[deferred[i] for i in run] for run in consecutive_runs(sizes, max_pending)]
 
 
 def _read_wave(wave: list, finite: Tensor | None, grad: bool) -> bool:

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops import batched_apply_all_, soft_clip_with_norm
-from spectra.ops.batched import BATCH_FRACTION
+from spectra.ops.batched import BATCH_FRACTION, consecutive_runs
 from spectra.optim.distributed import (
     all_agree_finite,
     apply_replicated,
@@ -302,15 +302,7 @@ def chunks(sizes: Sequence[int], max_elements: int | None) -> list[list[int]]:
     ``None``: one run)."""
     if max_elements is None:
         return [list(range(len(sizes)))] if sizes else []
-    runs: list[list[int]] = []
-    total = 0
-    for i, n in enumerate(sizes):
-        if not runs or total + n > max_elements:
-            runs.append([])
-            total = 0
-        runs[-1].append(i)
-        total += n
-    return runs
+    return consecutive_runs(sizes, max_elements)
 
 
 def spectra_step(
