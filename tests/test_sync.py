@@ -446,3 +446,21 @@ def test_a_capturable_step_with_expert_stacks_and_fused_blocks_compiles_whole():
     reads, capturable, compiled = run(False), run(True), run(True, True)
     assert_params_close(reads, capturable, 1e-5)
     assert_params_close(capturable, compiled, 1e-6)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"clip_c": 0.5, "pre_clip_c": 2.0, "chunk_elements": 500},
+        {"post": "orthogonalize", "clip_method": "muon"},
+        {"clip_c": 0.5, "clip_method": "paper"},
+    ],
+)
+def test_capturable_settings_compile_whole_and_match_eager(kw):
+    # pre-clipping, chunks, orthogonalization and the paper's algorithm through the step
+    # without host reads, compiled whole
+    torch._dynamo.reset()
+    make = lambda ps: so.AdamW(ps, lr=1e-2, capturable=True, **kw)  # noqa: E731
+    eager, _ = train(make, steps=3)
+    compiled, _ = train(make, steps=3, compile_backend="eager")
+    assert_params_close(eager, compiled, 1e-6)
