@@ -837,3 +837,22 @@ def test_quoted_gpu_runs_that_later_code_changes_are_listed_as_a_warning():
                 assert found.returncode == 0, run
     for line in stale_runs():
         warnings.warn(f"stale GPU run: {line}", UserWarning, stacklevel=1)
+
+
+def test_the_readme_lists_the_machines_every_stored_measurement_records():
+    from spectra_lab.bench.machines import machine_of, machines, machines_table
+
+    block = re.search(
+        r"<!-- data:machines -->\n(.*?)\n<!-- /data:machines -->", text("README.md"), re.S
+    )
+    assert block is not None and block.group(1) == machines_table(DATA)
+    # every JSON report and every GPU run is in exactly one row
+    listed = [f for files in machines(DATA).values() for f in files]
+    assert sorted(listed) == sorted(
+        [p.name for p in DATA.glob("*.json")]
+        + [f"gpu/{r['folder']}/" for r in data("docs/data/gpu/runs.json")["runs"]]
+    )
+    # what a report written by today's benches records
+    from spectra_lab.bench.precision import device_about
+
+    assert machine_of(device_about("cpu")).startswith(device_about("cpu")["cpu"])
