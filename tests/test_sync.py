@@ -384,6 +384,15 @@ def test_capturable_refuses_what_needs_the_host_at_construction(kw, match):
         so.AdamW([torch.randn(4, 4, requires_grad=True)], **kw)
 
 
+def test_a_capturable_tensor_lr_must_be_where_the_parameters_are():
+    # (parameters on the meta device stand in for a GPU's)
+    meta = torch.empty(4, 4, device="meta", requires_grad=True)
+    with pytest.raises(ValueError, match=r"on the parameters' device .*\(meta\), got one on cpu"):
+        so.AdamW([meta], lr=torch.tensor(1e-3), capturable=True)
+    p = torch.randn(4, 4, requires_grad=True)
+    so.AdamW([p], lr=torch.tensor(1e-3), capturable=True)  # the same device: fine
+
+
 def test_capturable_is_one_setting_for_the_whole_optimizer():
     a, b = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
     with pytest.raises(ValueError, match="capturable=False in a param group"):

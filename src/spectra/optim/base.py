@@ -469,6 +469,14 @@ class SpectraOptimizer(Optimizer):
                 )
             check_spectra_settings(group)
             self._check_group(group)
+            lr, params = group["lr"], group["params"]
+            if group["capturable"] and torch.is_tensor(lr) and params:
+                devices = {p.device for p in params}
+                if lr.device not in devices:
+                    raise ValueError(
+                        f"a tensor lr must be on the parameters' device for capturable=True "
+                        f"({', '.join(map(str, devices))}), got one on {lr.device}"
+                    )
 
         group = add_checked_group(
             self.param_groups, param_group, owner, super().add_param_group, check
