@@ -839,11 +839,11 @@ def test_quoted_gpu_runs_that_later_code_changes_are_listed_as_a_warning():
         warnings.warn(f"stale GPU run: {line}", UserWarning, stacklevel=1)
 
 
-def test_the_readme_lists_the_machines_every_stored_measurement_records():
+def test_the_machines_page_lists_what_every_stored_measurement_records():
     from spectra_lab.bench.machines import machine_of, machines, machines_table
 
     block = re.search(
-        r"<!-- data:machines -->\n(.*?)\n<!-- /data:machines -->", text("README.md"), re.S
+        r"<!-- data:machines -->\n(.*?)\n<!-- /data:machines -->", text("docs/machines.md"), re.S
     )
     assert block is not None and block.group(1) == machines_table(DATA)
     # every JSON report and every GPU run is in exactly one row
