@@ -41,6 +41,21 @@ def write_grid(path: Path, **data) -> Path:
     return path
 
 
+class Stop(Exception):
+    pass
+
+
+def stop_during_step_4(config) -> None:
+    """Train ``config`` and interrupt it during step 4: its checkpoint is at step 3."""
+
+    def stop_at_4(step, record):
+        if step == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(config, on_step=stop_at_4)
+
+
 def test_grid_expands_cases_times_grid_times_seeds(tmp_path, dataset):
     grid = write_grid(
         tmp_path / "g.yaml",
@@ -94,16 +109,7 @@ def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_pat
     runs = read_grid(grid, out)
     # One run was stopped half way: interrupted during step 4, its checkpoint is at step 3.
     partial = runs[0]
-
-    class Stop(Exception):
-        pass
-
-    def stop_at_4(step, record):
-        if step == 4:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train(partial.config, on_step=stop_at_4)
+    stop_during_step_4(partial.config)
     assert status(partial) == "partial"
 
     argv = ["sweep", str(grid), "--out", str(out), "--workers", "2", "--threads", "1"]
@@ -171,16 +177,7 @@ def test_a_sweep_resumes_when_its_out_is_spelled_another_way(tmp_path, dataset, 
     grid = write_grid(tmp_path / "g.yaml", base=base(dataset), grid={"lr": [3e-3]})
     monkeypatch.chdir(tmp_path)
     (run,) = read_grid(grid, tmp_path / "out")  # started with --out /abs/path/out
-
-    class Stop(Exception):
-        pass
-
-    def stop_at_4(step, record):
-        if step == 4:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train(run.config, on_step=stop_at_4)
+    stop_during_step_4(run.config)
     (again,) = read_grid("g.yaml", "out")  # and again from the same folder with --out out
     assert again.config.out_dir == "out/runs/lr=0.003,seed=1337" != run.config.out_dir
     check_unchanged(again)  # the same folder: no error

@@ -181,7 +181,10 @@ def batched_apply_all_(
         direct.append((op, now, cap, products))
     if max_pending is None:
         max_pending = max(PENDING_MIN, total // PENDING_FRACTION)
-    for wave in _waves(deferred, max_pending) or ([] if finite is None else [[]]):
+    waves = _waves(deferred, max_pending)
+    if not waves and finite is not None:
+        waves = [[]]  # the finite check is read alone
+    for wave in waves:
         if not _read_wave(wave, finite, grad):
             return False
         finite = None

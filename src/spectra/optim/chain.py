@@ -150,7 +150,8 @@ def _adaptive_pre_clip(grads: list[Tensor], plans: list[ParamPlan]) -> None:
         mats = pl.matrices(g)
         cs = pl.pre_cs if pl.pre_cs is not None else (pl.pre.c,) * len(mats)
         for i, (X, c) in enumerate(zip(mats, cs, strict=True)):
-            key = (dataclasses.replace(pl.pre, c=c), tuple(X.shape), X.dtype, X.device)
+            op = pl.pre if pl.pre_cs is None else dataclasses.replace(pl.pre, c=c)
+            key = (op, tuple(X.shape), X.dtype, X.device)
             batches.setdefault(key, []).append((j, i, X))
     norms: list[Tensor] = []
     order: list[tuple[int, int, float]] = []
@@ -191,13 +192,8 @@ def post_operator_(
 def decay_weights_(
     params: list[Tensor], plans: Sequence[ParamPlan], keep: Tensor | None = None
 ) -> None:
-    """``X ← (1 − λη) X``; with ``keep`` (a 0-d bool tensor) only where it holds True."""
-    if keep is None and not any(torch.is_tensor(pl.lr) for pl in plans):
-        factors = [1.0 - pl.lr * pl.weight_decay for pl in plans]
-        decayed = [(p, f) for p, f in zip(params, factors, strict=True) if f != 1.0]
-        if decayed:
-            torch._foreach_mul_([p for p, _ in decayed], [f for _, f in decayed])
-        return
+    """``X ← (1 − λη) X``, one foreach call per distinct ``(η, λ)``; with ``keep`` (a 0-d bool
+    tensor) only where it holds True."""
     for lr, wd, idx in _by_scalars(plans, lambda pl: pl.weight_decay):
         ps = [params[i] for i in idx]
         factor = 1.0 - lr * wd
