@@ -21,6 +21,8 @@ from torch import nn
 
 import spectra.optim as so
 from spectra.optim import distributed as spectra_dist
+from spectra.optim.layout import MatrixLayout
+from spectra.optim.plan import SpectralOp
 
 OPTIMIZERS = {
     "AdamW": lambda ps: so.AdamW(ps, lr=1e-2, clip_c=0.3),
@@ -374,3 +376,114 @@ def test_both_routes_on_a_2d_mesh_equal_the_operator_on_the_whole_matrix(tmp_pat
         # S0 S0 and FSDP2 over TP are gathered one mesh dimension at a time, which DTensor's
         # single redistribution would do too, with a warning about it
         assert got["logged"] == []
+
+
+# --------------------------------------------------------------------------- Gram route, per block
+
+_OPS = [SpectralOp("soft_clip", 0.7), SpectralOp("hard_clip", 0.7),
+        SpectralOp("orthogonalize", None)]  # fmt: skip
+
+#: (shape, layout, placements, mesh): tensors of several matrices whose shards cut their
+#: matrices, each of which the Gram route must clip as its own
+BLOCKED = [
+    # expert stacks, rows or columns split (tensor parallelism of experts)
+    ((3, 14, 4), MatrixLayout(1), "S1", (4,)),
+    ((3, 4, 13), MatrixLayout(1), "S2", (4,)),
+    # a fused gate/up of unequal blocks, its rows split by FSDP2: a cut falls inside a block
+    # and a rank's shard can lie in one block or in two
+    ((22, 4), MatrixLayout(0, (9, 13), 0), "S0", (4,)),
+    # GPT-2's Conv1D c_attn: (in, out) storage, q/k/v along its columns, columns split
+    ((4, 30), MatrixLayout(0, (10, 10, 10), 1, True), "S1", (4,)),
+    # experts split over one mesh dimension and their rows over the other
+    ((4, 18, 3), MatrixLayout(1), "S0 S1", (2, 2)),
+    # rows reduced, columns gathered: the gathered side whole, the reduced one split
+    ((2, 20, 6), MatrixLayout(1, (8, 12), 1), "S1 S2", (2, 2)),
+]
+
+
+def _blocked_worker(rank: int, tmp: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=4)
+    assembled: list[tuple[int, ...]] = []
+    real_assemble = spectra_dist.assemble
+
+    def assemble(u, p):
+        assembled.append(tuple(p.shape))
+        return real_assemble(u, p)
+
+    try:
+        g = torch.Generator().manual_seed(5)
+        out, routes = {}, {}
+        for shape, layout, spec, sizes in BLOCKED:
+            mesh = init_device_mesh("cpu", sizes)
+            full = torch.randn(shape, generator=g, dtype=torch.float64)
+            p = distribute_tensor(full, mesh, _placements(spec))
+            routes[shape] = spectra_dist.layout_route(p, layout).gram
+            for op in _OPS:
+                u = p.to_local().clone()
+                spectra_dist.assemble = assemble
+                try:
+                    spectra_dist.apply_sharded([(op, u, p, shape)], [layout])
+                finally:
+                    spectra_dist.assemble = real_assemble
+                out[shape, op.kind] = real_assemble(u, p)
+        torch.save({"out": out, "routes": routes, "assembled": assembled},
+                   Path(tmp) / f"blocked_{rank}.pt")  # fmt: skip
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gram_route_clips_each_expert_and_block_of_a_sharded_tensor_as_its_own(tmp_path):
+    mp.spawn(_blocked_worker, args=(str(tmp_path),), nprocs=4, join=True)
+    g = torch.Generator().manual_seed(5)
+    fulls = [torch.randn(shape, generator=g, dtype=torch.float64) for shape, *_ in BLOCKED]
+    for r in range(4):
+        got = torch.load(tmp_path / f"blocked_{r}.pt")
+        assert got["assembled"] == []  # no rank held a whole tensor
+        for (shape, layout, *_), full in zip(BLOCKED, fulls, strict=True):
+            assert got["routes"][shape]
+            for op in _OPS:
+                # the reference: each matrix of the whole tensor, alone, by a float64 SVD
+                want = full.clone()
+                for X in layout.matrices(want):
+                    X.copy_(SpectralOp(op.kind, op.c, "svd")(X.unsqueeze(0))[0])
+                torch.testing.assert_close(got["out"][shape, op.kind], want, rtol=1e-9, atol=1e-11)
+
+
+def test_layout_route_reduces_over_the_axis_whose_gram_matrices_are_smaller():
+    from torch.distributed.tensor import Shard
+
+    def stub(sizes, dims):
+        class Mesh:
+            shape = sizes
+
+        class Stub:
+            device_mesh = Mesh()
+            dtype = torch.float32
+            device = torch.device("cpu")
+            shape = (64, 4096, 1024)  # 64 experts of (4096, 1024)
+            placements = tuple(Shard(d) for d in dims)
+
+        return Stub()
+
+    experts = MatrixLayout(1)
+    # experts over the first mesh dimension, their long rows over the second: a Gram matrix of
+    # 1024² per expert (float32), reduced over 8 ranks, each holding 8 experts
+    route = spectra_dist.layout_route(stub((8, 8), (0, 1)), experts)
+    assert (route.gram, route.transposed, route.reduce_dims, route.gather_dims) == (
+        True, True, (1,), ())  # fmt: skip
+    assert route.volume == pytest.approx((1 - 1 / 8) * 4 * 64 * (2 * 1024**2 + 1) / 8)
+    # on one mesh dimension: the long rows split, Gram matrices of 1024²; the short columns
+    # split, Gram matrices of 4096², larger than the experts themselves: the whole route
+    rows = spectra_dist.layout_route(stub((8,), (1,)), experts)
+    assert rows.gram and rows.transposed
+    assert rows.volume == pytest.approx((1 - 1 / 8) * 4 * 64 * (2 * 1024**2 + 1))
+    columns = spectra_dist.layout_route(stub((8,), (2,)), experts)
+    assert not columns.gram
+    assert columns.volume == pytest.approx((1 - 1 / 8) * 4 * 64 * 4096 * 1024 * (1 + 1 / 8))
+    # experts split alone: each rank holds whole experts and clips them where they lie
+    assert spectra_dist.holds_whole_matrices(stub((8, 8), (0, 0)), experts)

@@ -25,6 +25,10 @@ Two layouts.
     local slicing on a 2-D one). Uneven and empty shards follow DTensor's rules; one full
     matrix is held at a time.
 
+  A tensor of several matrices (experts, fused blocks: :mod:`spectra.optim.layout`) whose
+  shards cut its matrices takes the cheaper of the two (:func:`layout_route`), each expert and
+  block its own matrix on either: on the Gram route, one batch of Gram matrices per block.
+
 Owners are computed from shapes alone, so every rank agrees without communicating.
 """
 
@@ -261,24 +265,78 @@ def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
         axis = _axis(pl)
         if axis is not None:
             (reduce_dims if axis == long_axis else gather_dims).append(d)
+    whole = _whole_volume(p, m * n)
+    gram = _gram_volume(p, m * n, tuple(reduce_dims), tuple(gather_dims), [min(m, n)], 1)
+    use = GRAM_ROUTE and bool(reduce_dims) and gram < whole
+    return Route(use, transposed, tuple(reduce_dims), tuple(gather_dims), gram if use else whole)
+
+
+def layout_route(p: Tensor, layout: MatrixLayout) -> Route:
+    r"""The cheaper route for the DTensor ``p`` of several matrices (``layout``: experts,
+    blocks), by :func:`route_of`'s model. On the Gram route each matrix is its own: the mesh
+    dimensions that split a batch dimension stay split (each rank keeps its experts and clips
+    them with the ranks that hold the rest of them); of the matrices' two axes, the one whose
+    Gram matrices ``Σᵢ sᵢ²`` (``sᵢ`` the other axis of matrix ``i``) move fewer bytes is
+    reduced over (``transposed``: the rows), the other gathered. A block's part on a rank is
+    where the rank's shard meets it, empty for some ranks, whole for others: its ``G`` is that
+    part's, and the sum over the ranks is the block's. A ``_StridedShard`` (FSDP2 over tensor
+    parallelism) takes the whole-matrix route."""
+    k, size = layout.batch_dims, p.device_mesh.shape
+    split: dict[str, list[int]] = {"batch": [], "rows": [], "columns": []}
+    for d, pl in enumerate(p.placements):
+        if _axis(pl) is not None:
+            split["batch" if pl.dim < k else "rows" if pl.dim == k else "columns"].append(d)
+    numel = math.prod(p.shape)
+    whole = Route(False, False, (), (), _whole_volume(p, numel))
+    if not GRAM_ROUTE or any(_is_strided(pl) for pl in p.placements):
+        return whole
+    shards = math.prod(size[d] for d in split["batch"])  # the matrices a rank holds: 1/shards
+    best = whole
+    for transposed, reduce, gather in ((False, "columns", "rows"), (True, "rows", "columns")):
+        if not split[reduce]:
+            continue
+        sides = [n if transposed else m for m, n in layout.shapes(p.shape)]
+        reduce_dims, gather_dims = tuple(split[reduce]), tuple(split[gather])
+        volume = _gram_volume(p, numel, reduce_dims, gather_dims, sides, shards)
+        if volume < best.volume:
+            best = Route(True, transposed, reduce_dims, gather_dims, volume)
+    return best
+
+
+def _gram_volume(
+    p: Tensor,
+    numel: int,
+    reduce_dims: tuple[int, ...],
+    gather_dims: tuple[int, ...],
+    sides: Sequence[int],
+    shards: int,
+) -> float:
+    """The Gram route's bytes received per rank (see :func:`route_of`) for ``numel`` elements
+    whose matrices have Gram matrices of these ``sides``, ``1/shards`` of them on each rank."""
     size = p.device_mesh.shape
     R = math.prod(size[d] for d in reduce_dims)
     S = math.prod(size[d] for d in gather_dims)
-    P, s, e = R * S, min(m, n), p.dtype.itemsize
+    e = p.dtype.itemsize
     g = 8 if e == 8 or not fp32_products_are_ieee(p.device) else 4
-    # the all-gather, then distribute_tensor's scatter from the owner, one mesh dimension at a
-    # time (a Replicate dimension broadcasts its block); on a 2-D mesh the owner's row first
-    # receives the result
-    whole, block = (1.0 - 1.0 / P) * m * n * e, float(m * n * e)
+    grams = sum(2 * s * s + 1 for s in sides)
+    return (numel / (R * shards)) * (1.0 - 1.0 / S) * e + (1 - 1 / R) * g * grams / shards
+
+
+def _whole_volume(p: Tensor, numel: int) -> float:
+    """The whole-matrix route's bytes received per rank (see :func:`route_of`): the all-gather,
+    then ``distribute_tensor``'s scatter from the owner, one mesh dimension at a time (a
+    Replicate dimension broadcasts its block); on a 2-D mesh the owner's row first receives the
+    result."""
+    size, e = p.device_mesh.shape, p.dtype.itemsize
+    P = math.prod(size[d] for d, pl in enumerate(p.placements) if _axis(pl) is not None)
+    whole, block = (1.0 - 1.0 / P) * numel * e, float(numel * e)
     for d, pl in enumerate(p.placements):
         split = _axis(pl) is not None
         whole += (size[d] - 1) / size[d] * (block / size[d] if split else block)
         block = block / size[d] if split else block
     if len(size) == 2:
-        whole += (size[1] - 1) / (size[0] * size[1]) * m * n * e
-    gram = (m * n / R) * (1.0 - 1.0 / S) * e + (1 - 1 / R) * g * (2 * s * s + 1)
-    use = GRAM_ROUTE and bool(reduce_dims) and gram < whole
-    return Route(use, transposed, tuple(reduce_dims), tuple(gather_dims), gram if use else whole)
+        whole += (size[1] - 1) / (size[0] * size[1]) * numel * e
+    return whole
 
 
 def holds_whole_matrices(p: Tensor, layout: MatrixLayout | None) -> bool:
@@ -296,21 +354,23 @@ def apply_sharded(
     layouts: Sequence[MatrixLayout | None] | None = None,
 ) -> None:
     """``U ← op(U)`` for matrices held as shards: ``(op, local shard of U, DTensor parameter,
-    (m, n))``, each by its :func:`route_of`. A tensor with a layout (``layouts[i]``: several
-    matrices, or ``(in, out)`` storage; see :mod:`spectra.optim.layout`) whose shards cut
-    across its matrices takes the whole-matrix route, where the owner clips each of them."""
+    (m, n))``, each by its route. A tensor with a layout of several matrices (``layouts[i]``;
+    see :mod:`spectra.optim.layout`) takes :func:`layout_route`'s, the others
+    :func:`route_of`'s."""
     layouts = [None] * len(items) if layouts is None else layouts
-    gram, whole, whole_layouts = [], [], []
+    gram, gram_layouts, whole, whole_layouts = [], [], [], []
     for item, layout in zip(items, layouts, strict=True):
         check_layout(item[2])
-        route = route_of(item[2], item[3])
-        if route.gram and (layout is None or not layout.several):
+        several = layout is not None and layout.several
+        route = layout_route(item[2], layout) if several else route_of(item[2], item[3])
+        if route.gram:
             gram.append((*item, route))
+            gram_layouts.append(layout if several else None)
         else:
             whole.append((*item, route))
             whole_layouts.append(layout)
     if gram:
-        apply_gram(gram)
+        apply_gram(gram, gram_layouts)
     if whole:
         apply_whole(whole, whole_layouts)
 
@@ -325,7 +385,10 @@ def _redistribute(u: Tensor, p: Tensor, source, target) -> Tensor:
     return d.redistribute(mesh, target).to_local()
 
 
-def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]]) -> None:
+def apply_gram(
+    items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]],
+    layouts: Sequence[MatrixLayout | None] | None = None,
+) -> None:
     r"""The Gram route (see :mod:`spectra.ops.gram`). For each matrix: the short side gathered
     where a mesh dimension splits it; the local ``G_r = U_r U_rᵀ`` (:func:`gram_dtype`);
     within the group of ranks that split the long side, the ``G_r`` reduced to one owner rank
@@ -333,12 +396,17 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
     buffer), which computes ``K`` and broadcasts it to the group; then ``U_r ← K U_r`` on
     every rank. Ranks outside the group hold the same data (the mesh's other dimension
     replicates it, or was gathered) and do the same in their own group. No rank holds more of
-    a matrix than its share of the long side."""
+    a matrix than its share of the long side.
+
+    A tensor with a layout of several matrices (``layouts[i]``, routed by
+    :func:`layout_route`) gives one batch of Gram matrices per block, over the batch entries
+    its rank holds: ``G`` of each expert and block is its own."""
     from torch.distributed.tensor import Replicate
 
     mesh = items[0][2].device_mesh
-    parts, views = [], []
-    for _, u, p, _, route in items:
+    layouts = [None] * len(items) if layouts is None else layouts
+    parts, pieces = [], []  # pieces: (item, a (B, s, l) view of its part: G = X Xᵀ)
+    for j, ((_, u, p, _, route), layout) in enumerate(zip(items, layouts, strict=True)):
         placements = list(p.placements)
         if route.gather_dims:  # the short side whole, the long side still split
             placements = [Replicate() if d in route.gather_dims else pl
@@ -346,38 +414,63 @@ def apply_gram(items: Sequence[tuple[Op, Tensor, Tensor, tuple[int, int], Route]
             part = _redistribute(u, p, p.placements, placements)
         else:
             part = u
+        part = part.contiguous()
         parts.append((part, placements))
-        matrix = part.reshape(part.shape[0], math.prod(part.shape[1:]))
-        views.append(matrix.mT if route.transposed else matrix)
-    grams = [_local_gram(X, gram_dtype(X, op)) for X, (op, *_) in zip(views, items, strict=True)]
+        for block in _blocks(part, p, placements, layout):
+            if block.shape[0]:  # the same on every rank of the group: same batch entries
+                pieces.append((j, block.mT if route.transposed else block))
+    grams = [_local_gram(X, gram_dtype(X, items[j][0])) for j, X in pieces]
     by_group: dict[tuple[int, ...], list[int]] = {}
-    for i, (*_, route) in enumerate(items):
-        by_group.setdefault(route.reduce_dims, []).append(i)
+    for i, (j, _) in enumerate(pieces):
+        by_group.setdefault(items[j][4].reduce_dims, []).append(i)
     factors: list[Tensor] = list(grams)
     for dims, idx in by_group.items():
         group = mesh.get_group(dims[0]) if len(dims) == 1 else mesh_group(mesh)
-        ops = [items[i][0] for i in idx]
-        dtypes = [views[i].dtype for i in idx]
+        ops = [items[pieces[i][0]][0] for i in idx]
+        dtypes = [pieces[i][1].dtype for i in idx]
         got, redo = _factors_by_owner(ops, [grams[i] for i in idx], dtypes, group)
         for i, K in zip(idx, got, strict=True):
             factors[i] = K
         if redo:  # a second pass in float64 for the clips float32 cannot resolve
-            again = [idx[j] for j in redo]
-            grams64 = [_local_gram(views[i], torch.float64) for i in again]
+            again = [idx[k] for k in redo]
+            grams64 = [_local_gram(pieces[i][1], torch.float64) for i in again]
             got, _ = _factors_by_owner(
-                [ops[j] for j in redo], grams64, [dtypes[j] for j in redo], group
+                [ops[k] for k in redo], grams64, [dtypes[k] for k in redo], group
             )
             for i, K in zip(again, got, strict=True):
                 factors[i] = K
-    for (_, u, p, _, route), X, K, (part, placements) in zip(
-        items, views, factors, parts, strict=True
-    ):
+    for (_, X), K in zip(pieces, factors, strict=True):
         cd = torch.float64 if X.dtype == torch.float64 else torch.float32
-        Y = (K.to(cd) @ X.to(cd)).to(X.dtype)
-        Y = (Y.mT if route.transposed else Y).reshape(part.shape)
+        X.copy_((K.to(cd) @ X.to(cd)).to(X.dtype))  # X is a view of its part
+    for (_, u, p, _, route), (part, placements) in zip(items, parts, strict=True):
         if route.gather_dims:
-            Y = _redistribute(Y.contiguous(), p, placements, p.placements)
-        u.copy_(Y)
+            u.copy_(_redistribute(part, p, placements, p.placements))
+        elif part is not u:
+            u.copy_(part)
+
+
+def _blocks(part: Tensor, p: Tensor, placements, layout: MatrixLayout | None) -> list[Tensor]:
+    """``(B, rows, columns)`` views of ``part``, the local part of ``p``'s tensor under
+    ``placements`` (contiguous): the tensor as one matrix ``(d0, d1·d2·…)`` (``B = 1``), or
+    one view per block of ``layout`` over the batch entries ``part`` holds, each the part of
+    the block that lies in ``part`` (possibly empty)."""
+    if layout is None:
+        return [part.view(1, part.shape[0], math.prod(part.shape[1:]))]
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    k = layout.batch_dims
+    x = part.view(math.prod(part.shape[:k]), *part.shape[k:])
+    if layout.split_sizes is None:
+        return [x.view(x.shape[0], x.shape[1], math.prod(x.shape[2:]))]
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, placements)
+    first, length = offset[layout.split_dim], part.shape[layout.split_dim]
+    axis = layout.split_dim - k + 1
+    views, start = [], 0
+    for size in layout.split_sizes:
+        lo, hi = max(start, first), min(start + size, first + length)
+        views.append(x.narrow(axis, lo - first, hi - lo) if hi > lo else x.narrow(axis, 0, 0))
+        start += size
+    return views
 
 
 def gram_dtype(X: Tensor, op: SpectralOp) -> torch.dtype:
@@ -410,7 +503,7 @@ def _factors_by_owner(
     too coarse (the factor is ``None``; a flag is sent with the factors), which need a float64
     pass."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    owners = assign_owners([tuple(G.shape) for G in grams], world)
+    owners = _balanced([math.prod(G.shape[:-2]) * G.shape[-1] ** 3 for G in grams], world)
     factors = list(grams)
     redo: list[int] = []
     for r in range(world):
