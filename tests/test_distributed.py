@@ -199,7 +199,7 @@ def test_split_refuses_parameters_that_differ_across_ranks(tmp_path):
 
 def test_owners_are_balanced_by_cost_not_count():
     shapes = [(100, 100)] + [(10, 10)] * 10
-    owners = so.distributed.assign_owners(shapes, 2)
+    owners = so.replicated.assign_owners(shapes, 2)
     assert owners[0] == 0 and set(owners[1:]) == {1}
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 import spectra
 import spectra.optim as so
+from spectra.optim import chain
 from spectra.optim import distributed as spectra_dist
 
 WORLD = 2
@@ -89,7 +90,7 @@ def _split_worker(rank: int, tmp: Path) -> None:
     clipped: list[tuple[int, ...]] = []
     gathered: list[tuple[int, ...]] = []
     by_gram: list[tuple[int, ...]] = []
-    real_apply, real_assemble = spectra_dist.apply_replicated, spectra_dist.assemble
+    real_apply, real_assemble = chain.apply_replicated, spectra_dist.assemble
     real_gram = spectra_dist.apply_gram
 
     def apply_replicated(items, *args, **kwargs):
@@ -103,8 +104,6 @@ def _split_worker(rank: int, tmp: Path) -> None:
     def apply_gram(items, layouts=None):
         by_gram.extend(tuple(p.shape) for _, _, p, _, _ in items)
         return real_gram(items, layouts)
-
-    from spectra.optim import chain
 
     chain.apply_replicated, spectra_dist.assemble = apply_replicated, assemble
     spectra_dist.apply_gram = apply_gram

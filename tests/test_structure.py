@@ -26,6 +26,7 @@ ORDER = (
     "estimate",
     "generate",
     "gpucheck",
+    "pages",
     "cli",
     "__main__",
 )

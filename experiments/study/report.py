@@ -26,21 +26,22 @@ is labelled with the order of its difference (Δ = B − A).
 from __future__ import annotations
 
 import argparse
-import difflib
 import itertools
 import json
 import math
-import re
 import statistics
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from spectra_lab import pages
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results" / "study"
 DATA = ROOT / "docs" / "data"
 DOC = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
 FIGURES = ROOT / "docs" / "figures"
 
 #: Two-sided 95% quantiles of Student's t, by degrees of freedom (standard tables).
@@ -50,6 +51,9 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 PAIRS = [("adamw", "spectra-adamw"), ("signum", "spectra-signum"),
          ("ademamix", "spectra-ademamix")]  # fmt: skip
 BASELINES = ["mars", "dmuon", "soap"]
+LABELS = {"adamw": "AdamW", "signum": "Signum", "ademamix": "AdEMAMix", "mars": "MARS",
+          "dmuon": "D-Muon", "soap": "SOAP", "spectra-adamw": "Spectra-AdamW",
+          "spectra-signum": "Spectra-Signum", "spectra-ademamix": "Spectra-AdEMAMix"}  # fmt: skip
 ORDER = ["adamw", "spectra-adamw", "signum", "spectra-signum", "ademamix", "spectra-ademamix",
          "mars", "dmuon", "soap"]  # fmt: skip
 
@@ -143,6 +147,26 @@ def methods_table(seeds: dict | None, tuned: dict[str, float]) -> str:
         lr = f"{tuned[m]:g}" if m in tuned else "–"
         rows.append(f"| {m} | {lr} | {mean_std(vals)} | {f'{st:.3f}' if st else '–'} |")
     return "\n".join(rows)
+
+
+def readme_methods_table(seeds: dict | None, tuned: dict[str, float]) -> str:
+    """The README's table: each base optimizer beside its SPECTRA variant (then the baselines),
+    with its tuned lr and final validation loss, mean ± std over seeds."""
+    left = ["adamw", "signum", "ademamix", "mars", "soap"]
+    right = ["spectra-adamw", "spectra-signum", "spectra-ademamix", "dmuon", None]
+    lines = ["| method | tuned lr | final val loss | | method | tuned lr | final val loss |",
+             "|---|---:|---:|---|---|---:|---:|"]  # fmt: skip
+
+    def cells(name: str | None) -> list[str]:
+        if name is None:
+            return ["", "", ""]
+        lr = f"{tuned[name]:.0e}".replace("e-0", "e-")
+        row = [LABELS[name], lr, mean_std(per_seed(seeds, optimizer=name))]
+        return [f"**{row[0]}**", row[1], f"**{row[2]}**"] if name.startswith("spectra-") else row
+
+    for a, b in zip(left, right, strict=True):
+        lines.append("| " + " | ".join([*cells(a), "", *cells(b)]).rstrip() + " |")
+    return "\n".join(lines)
 
 
 def pairs_table(seeds: dict | None) -> str:
@@ -913,40 +937,23 @@ def moe_table(seeds: dict | None) -> str:
 
 # ----- the page ---------------------------------------------------------------------------
 
-MARKER = re.compile(r"<!-- study:([\w.-]+) -->")
-
-
-def block_pattern(name: str) -> re.Pattern:
-    n = re.escape(name)
-    return re.compile(rf"<!-- study:{n} -->(.*?)<!-- /study:{n} -->", re.S)
+PREFIX = "study"
 
 
 def extract(text: str, name: str) -> str | None:
-    """The body of the (first) block ``name`` of ``text``; None where there is none."""
-    m = block_pattern(name).search(text)
-    if m is None:
-        return None
-    body = m.group(1)
-    return body[1:].removesuffix("\n") if body.startswith("\n") else body
+    """The body of the (first) block ``study:name`` of ``text``; None where there is none."""
+    return pages.extract(text, f"{PREFIX}:{name}")
 
 
 def fill(text: str, name: str, body: str) -> str:
-    """``text`` with every block ``name`` holding ``body``: on lines of their own where the
-    opening marker ends its line, else inside the line (``body`` must then be one line)."""
-    pattern = block_pattern(name)
-    if not pattern.search(text):
-        raise ValueError(f"no block <!-- study:{name} --> … <!-- /study:{name} -->")
+    """``text`` with every block ``study:name`` holding ``body`` (see
+    :func:`spectra_lab.pages.fill`)."""
+    return pages.fill(text, f"{PREFIX}:{name}", body)
 
-    def sub(m: re.Match) -> str:
-        if m.group(1).startswith("\n"):
-            inner = "\n" + body.rstrip() + "\n"
-        elif "\n" in body:
-            raise ValueError(f"block {name} sits inside a line, and its text has line breaks")
-        else:
-            inner = body
-        return f"<!-- study:{name} -->{inner}<!-- /study:{name} -->"
 
-    return pattern.sub(sub, text)
+def names(text: str) -> list[str]:
+    """The study's blocks of ``text``."""
+    return [k.split(":", 1)[1] for k in pages.keys(text) if k.startswith(f"{PREFIX}:")]
 
 
 def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dict]:
@@ -964,6 +971,7 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
     makers: dict[str, Callable[[], str]] = {
         "summary": lambda: summary_table(seeds, stab, c, ns, fx),
         "methods": lambda: methods_table(seeds, tuned_lrs(results)),
+        "readme-methods": lambda: readme_methods_table(seeds, tuned_lrs(results)),
         "pairs": lambda: pairs_table(seeds),
         "signum": lambda: signum_table(stab),
         "c": lambda: c_md,
@@ -1000,36 +1008,33 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
 
 
 def render(text: str, bodies: dict[str, str]) -> str:
-    for name, body in bodies.items():
-        text = fill(text, name, body)
+    """``text`` with each of its study blocks rendered from ``bodies``."""
+    for name in names(text):
+        if name in bodies:
+            text = fill(text, name, bodies[name])
     return text
 
 
-def check(text: str, bodies: dict[str, str], missing: dict[str, str]) -> int:
-    """Print each block of ``text`` that differs from ``bodies`` (with a short diff) and each
-    marker nobody computes; 1 if there is any, else 0. ``missing`` blocks are not checked."""
+def check(texts: dict[str, str], bodies: dict[str, str], missing: dict[str, str]) -> int:
+    """Print each block of the pages ``texts`` (name → text) that differs from ``bodies``
+    (with a short diff), each marker nobody computes and each computed block on no page; 1 if
+    there is any, else 0. ``missing`` blocks are not checked."""
     bad = []
-    for name in dict.fromkeys(MARKER.findall(text)):
-        if name not in bodies and name not in missing:
-            print(f"{name}: unknown block (report.py computes no such block)")
+    for page, text in texts.items():
+        for name in names(text):
+            if name not in bodies and name not in missing:
+                print(f"{page}: {name}: unknown block (report.py computes no such block)")
+                bad.append(name)
+        found = pages.differences(text, {f"{PREFIX}:{n}": b for n, b in bodies.items()})
+        for line in found:
+            print(f"{page}: {line}" if not line.startswith(" ") else line)
+        bad += [line.split(":")[1] for line in found if not line.startswith(" ")]
+    shown = {n for text in texts.values() for n in names(text)}
+    for name in bodies:
+        if name not in shown:
+            print(f"{name}: no block <!-- study:{name} --> … <!-- /study:{name} --> on any page")
             bad.append(name)
-    for name, body in bodies.items():
-        old = extract(text, name)
-        if old is None:
-            print(f"{name}: no block <!-- study:{name} --> … <!-- /study:{name} --> in the page")
-            bad.append(name)
-            continue
-        new = extract(fill(text, name, body), name)
-        if old != new:
-            bad.append(name)
-            print(f"{name}: differs from the data")
-            diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), "page", "data",
-                                             n=0, lineterm=""))[2:]  # fmt: skip
-            for line in diff[:12]:
-                print(f"  {line}")
-            if len(diff) > 12:
-                print(f"  … {len(diff) - 12} more diff lines")
-    checked = len(bodies) - len([n for n in bad if n in bodies])
+    checked = len(bodies) - len({n for n in bad if n in bodies})
     print(f"{checked} of {len(bodies) + len(missing)} blocks agree with the data"
           + (f", {len(missing)} not checked" if missing else ""))  # fmt: skip
     return 1 if bad else 0
@@ -1043,25 +1048,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing: exit 1, with a diff, where a block of the page "
                         "differs from what the data give")  # fmt: skip
-    parser.add_argument("--doc", type=Path, default=DOC, help="the page (docs/results.md)")
+    parser.add_argument("--doc", type=Path, nargs="+", default=[DOC, README],
+                        help="the pages (docs/results.md and README.md)")  # fmt: skip
     parser.add_argument("--no-figures", action="store_true", help="write the page only")
     args = parser.parse_args(argv)
 
     bodies, missing, parts = compute()
-    text = args.doc.read_text()
+    texts = {doc: doc.read_text() for doc in args.doc}
     for name, why in missing.items():
         print(f"{name}: {'not checked' if args.check else 'left as it is'} ({why})")
     if args.check:
-        return check(text, bodies, missing)
+        return check({str(doc): text for doc, text in texts.items()}, bodies, missing)
 
     from spectra_lab.files import atomic_write
 
-    try:
-        new = render(text, bodies)
-    except ValueError as exc:
-        raise SystemExit(f"{args.doc}: {exc}") from None
-    if new != text:
-        atomic_write(args.doc, new)
+    for doc, text in texts.items():
+        try:
+            new = render(text, bodies)
+        except ValueError as exc:
+            raise SystemExit(f"{doc}: {exc}") from None
+        if new != text:
+            atomic_write(doc, new)
     if not args.no_figures:
         seeds, stab = parts["seeds"], parts["stab"]
         plot_methods(seeds, FIGURES / "study_methods.png")

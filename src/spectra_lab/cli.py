@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("spectra_lab.analyze.cli", "spectral diagnostics: spectra, noise, weight norms"),
     "bench": ("spectra_lab.bench.cli", "benchmarks of operators and optimizers"),
     "mup": ("spectra_lab.mup.cli", "μP tools: the coordinate check"),
+    "docs": ("spectra_lab.pages", "render the docs' figures from their stored data, or check them"),
 }
 #: Subcommands of a group whose modules live in rooms above the group's own (which may not
 #: import them): group -> {name: (module, one-line help)}, handed to the group's

@@ -84,7 +84,7 @@ def batch_indices(
 
     A call on a subset of the matrices made of whole batches, given ``total`` (the elements of
     all of them), forms the same batches: replicated runs divide batches among their ranks
-    this way (:func:`spectra.optim.distributed.apply_replicated`), so that each matrix meets the
+    this way (:func:`spectra.optim.replicated.apply_replicated`), so that each matrix meets the
     same batch-mates, and so the same iteration, as in one process.
     """
     total = sum(X.numel() for _, mats in jobs for X in mats)

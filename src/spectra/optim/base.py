@@ -39,13 +39,13 @@ from torch.optim import Optimizer
 from spectra.optim.chain import all_finite, finite_flag, matrix_shape, spectra_step
 from spectra.optim.distributed import (
     check_layout,
-    check_replicated,
     is_sharded,
     local,
     shard_group,
     split_group,
 )
 from spectra.optim.plan import ParamPlan
+from spectra.optim.replicated import check_replicated
 from spectra.optim.settings import (
     LAYOUT_KEYS,
     SPECTRA_DEFAULTS,

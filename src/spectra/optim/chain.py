@@ -40,14 +40,9 @@ from torch import Tensor
 
 from spectra.ops import batched_apply_all_, soft_clip_with_norm
 from spectra.ops.batched import BATCH_FRACTION, consecutive_runs
-from spectra.optim.distributed import (
-    all_agree_finite,
-    apply_replicated,
-    apply_sharded,
-    holds_whole_matrices,
-    mesh_group,
-)
+from spectra.optim.distributed import apply_sharded, holds_whole_matrices, mesh_group
 from spectra.optim.plan import ParamPlan, SpectralOp
+from spectra.optim.replicated import all_agree_finite, apply_replicated
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -1,0 +1,125 @@
+"""The generated blocks of README.md and docs/ (``spectra_lab.pages``, ``spectra docs``): every
+block agrees with its data, and the prose outside the blocks holds no measurement, page by
+page, beyond the number still left there (printed, and only allowed to fall)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spectra_lab import pages
+from spectra_lab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The measurements each page's prose still holds outside a block (``spectra docs --strays``
+#: lists them). A page may only go down: once its figures are in blocks or gone, it is 0.
+STRAYS = {
+    "README.md": 0,
+    "docs/architecture.md": 1,
+    "docs/baselines.md": 47,
+    "docs/diagnostics.md": 59,
+    "docs/distributed.md": 61,
+    "docs/evaluation.md": 16,
+    "docs/gpu.md": 153,
+    "docs/machines.md": 0,
+    "docs/operators.md": 1190,
+    "docs/optimizers.md": 149,
+    "docs/results.md": 78,
+    "docs/scale.md": 119,
+    "docs/synthetic.md": 201,
+    "docs/training.md": 48,
+}
+
+
+def test_every_block_of_the_pages_agrees_with_its_data():
+    assert pages.problems(ROOT) == []
+
+
+def test_no_page_holds_more_measurements_outside_blocks_than_its_count():
+    counts = {}
+    for page in pages.pages(ROOT):
+        strays = pages.stray_numbers(page.read_text())
+        counts[str(page.relative_to(ROOT))] = len(strays)
+    print("\n".join(f"{page}: {n} measurements outside blocks" for page, n in counts.items()))
+    assert set(counts) == set(STRAYS)
+    over = {p: (n, STRAYS[p]) for p, n in counts.items() if n > STRAYS[p]}
+    assert not over, f"new figures typed into prose (count, allowed): {over}"
+    # a page that lost some takes its lower count here, so they cannot come back
+    under = {p: (n, STRAYS[p]) for p, n in counts.items() if n < STRAYS[p]}
+    assert not under, f"lower STRAYS to these counts: {under}"
+
+
+PROSE = """\
+Spectra-AdamW runs at 0.56× AdamW's tokens/s and ends at 4.234 ± 0.004; a step takes 105 s
+and 12% of the memory, with an error of 3.2e-7.
+<!-- data:x -->0.62×, 4.4782<!-- /data:x --> and `--lr 3.5e-3`, `0.9×`;
+```
+loss 4.4824
+```
+<!-- paper -->The paper's bf16 run reaches 2.13×.<!-- /paper -->
+torch 2.13.0 on Python 3.11, c = 10.5, tolerance 1e-5, the 3.3M preset, 16 × 256 tokens, t at
+the 95% level, [a link](docs/x-1.5.md).
+"""
+
+
+def test_stray_numbers_are_measurements_outside_blocks_code_and_quotes():
+    found = pages.stray_numbers(PROSE)
+    numbers = [s for s in ("0.56×", "4.234", "0.004", "105 s", "12%", "3.2e-7") if
+               any(s in f for f in found)]  # fmt: skip
+    assert numbers == ["0.56×", "4.234", "0.004", "105 s", "12%", "3.2e-7"]
+    assert len(found) == 6, found  # nothing of the block, code, quote, versions or settings
+
+
+def test_fill_and_extract_handle_line_and_inline_blocks():
+    text = "a <!-- data:x -->1%<!-- /data:x --> b\n<!-- data:t -->\n| 1 |\n<!-- /data:t -->\n"
+    assert pages.keys(text) == ["data:x", "data:t"]
+    assert pages.extract(text, "data:x") == "1%" and pages.extract(text, "data:t") == "| 1 |"
+    out = pages.fill(pages.fill(text, "data:x", "2%"), "data:t", "| 2 |\n| 3 |\n")
+    assert out == ("a <!-- data:x -->2%<!-- /data:x --> b\n<!-- data:t -->\n| 2 |\n| 3 |\n"
+                   "<!-- /data:t -->\n")  # fmt: skip
+    with pytest.raises(ValueError, match="line breaks"):
+        pages.fill(text, "data:x", "1\n2")
+    with pytest.raises(ValueError, match="no block"):
+        pages.fill(text, "data:y", "1")
+
+
+def _tree(tmp_path: Path) -> Path:
+    """A copy of what the pages' blocks read: the pages and their data."""
+    for rel in ("README.md", "docs", "results/main-job", "results/main-job-mixed"):
+        src, dst = ROOT / rel, tmp_path / rel
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("runs", "repro", "*.png"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    return tmp_path
+
+
+def test_spectra_docs_checks_and_rewrites_a_changed_figure(tmp_path, capsys):
+    root = _tree(tmp_path)
+    readme = (root / "README.md").read_text()
+    assert "| 4.4824 | 88.45 |" in readme
+    (root / "README.md").write_text(readme.replace("| 4.4824 | 88.45 |", "| 4.4825 | 88.45 |"))
+    assert main(["docs", "--root", str(root), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "README.md: data:main-job: differs from the data" in out
+    assert (
+        "-| `adamw` (`clip_c=None`) | 4.4825" in out
+        and "+| `adamw` (`clip_c=None`) | 4.4824" in out
+    )
+    assert main(["docs", "--root", str(root)]) == 0
+    assert (root / "README.md").read_text() == readme
+    assert main(["docs", "--root", str(root), "--check"]) == 0
+
+
+def test_spectra_docs_reports_a_missing_data_file_and_a_bad_root_in_one_line(tmp_path, capsys):
+    root = _tree(tmp_path)
+    shutil.rmtree(root / "results" / "main-job-mixed")
+    assert main(["docs", "--root", str(root), "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "spectra docs: error: results/main-job-mixed/results.json is missing"
+    assert main(["docs", "--root", str(tmp_path / "nowhere")]) == 2
+    assert "no README.md there" in capsys.readouterr().err
