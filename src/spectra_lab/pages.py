@@ -226,14 +226,105 @@ def _machines(root: Path) -> str:
     return machines_table(root / "docs" / "data")
 
 
+def _bench_optim(name: str) -> Callable[[Path], str]:
+    """The table of a stored ``spectra bench optim`` run (without its two header lines)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.optim import format_table
+
+        return "\n".join(format_table(_json(root, f"docs/data/{name}.json")).splitlines()[3:])
+
+    return make
+
+
+def _bench_step(name: str) -> Callable[[Path], str]:
+    """The report of a stored ``spectra bench step`` run, as the command prints it (fenced)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.step import format_report
+
+        return "```\n" + format_report(_json(root, f"docs/data/{name}.json")).rstrip() + "\n```"
+
+    return make
+
+
+def _ops_cells(root: Path, name: str) -> list:
+    from spectra_lab.bench.ops_report import Cell
+
+    return [Cell(**c) for c in _json(root, f"docs/data/{name}.json")["cells"]]
+
+
+def ops_table(cells: list, columns: tuple[str, ...] = ("polar", "eigh64")) -> str:
+    """A stored ``spectra bench ops`` run, one row per input: ``auto``'s time, its ratios to
+    the paper's runs and the three errors, then each of ``columns``' time ÷ paper fp32."""
+    from spectra_lab.bench.ops_report import _by_input
+    from spectra_lab.bench.tables import markdown_table
+
+    def ratio(x: float, fmt: str) -> str:
+        return "–" if math.isnan(x) else f"{x:{fmt}}"
+
+    rows = []
+    for (shape, dtype, kind), by in _by_input(cells).items():
+        auto, fp32, bf16 = by["auto"], by["paper_fp32"], by.get("paper_bf16")
+        rows.append([shape, dtype, kind, f"{auto.sigma_over_c:.3g}", f"{auto.time_ms:.4g}",
+                     ratio(auto.vs_paper_fp32, ".2f"), ratio(auto.vs_paper_bf16, ".3f"),
+                     f"{auto.rel_err:.1e}", f"{fp32.rel_err:.1e}",
+                     "skipped" if bf16 is None else f"{bf16.rel_err:.1e}",
+                     *(ratio(by[m].vs_paper_fp32, ".2f") for m in columns)])  # fmt: skip
+    head = ["shape", "dtype", "input", "σ_max/c", "`auto` ms", "÷ paper fp32", "÷ paper bf16",
+            "`auto` error", "paper fp32 error", "paper bf16 error",
+            *(f"`{m}` ÷ paper fp32" for m in columns)]  # fmt: skip
+    return markdown_table(head, rows, "lll" + "r" * (len(head) - 3))
+
+
+def _ops(name: str, what: str) -> Callable[[Path], str]:
+    """A table of the stored ``spectra bench ops`` run ``name``: ``cells`` (:func:`ops_table`)
+    or ``summary`` (per method, as the command prints it)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.ops_report import summary
+
+        from spectra_lab.bench.ops_report import sizes_table
+
+        cells = _ops_cells(root, name)
+        return {"cells": ops_table, "summary": summary, "sizes": sizes_table}[what](cells)
+
+    return make
+
+
+def _gpu_model(root: Path) -> str:
+    """The stored H100 flop and launch model's table (``spectra bench gpu-model``)."""
+    from spectra_lab.estimate.gpu_model import format_report
+
+    return "\n".join(format_report(_json(root, "docs/data/gpu_model_h100.json")).splitlines()[2:])
+
+
+def _gpu_summary(root: Path) -> str:
+    """The summary of the latest stored GPU check (``make gpu-check``)."""
+    from spectra_lab.gpucheck.check import markdown_summary
+
+    return markdown_summary(root / "docs" / "data" / "gpu").rstrip()
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
+    "gpu:summary": _gpu_summary,
     "data:machines": _machines,
     "data:main-job": main_job_table,
     "data:main-job-paired": main_job_paired,
     "data:main-job-mixed": main_job_mixed,
-}
+    "data:gpu-model-h100": _gpu_model,
+    **{f"data:{name.replace('_', '-')}": _bench_optim(name) for name in (
+        "bench_optim_cpu_2threads", "bench_optim_memory_cpu_2threads",
+        "bench_optim_memory_cpu_1thread", "bench_optim_peers_cpu_2threads")},
+    "data:bench-ops-cpu": _ops("bench_ops_cpu", "cells"),
+    **{f"data:{name.replace('_', '-')}-summary": _ops(name, "summary") for name in (
+        "bench_ops_cpu", "bench_ops_cpu_recorded")},
+    "data:bench-ssc-vs-orth-cpu": _ops("bench_ssc_vs_orth_cpu", "sizes"),
+    **{f"data:{name.replace('_', '-')}": _bench_step(name) for name in (
+        "bench_step_main_job_2threads", "bench_step_main_job_1thread")},
+}  # fmt: skip
 
 #: The blocks rendered elsewhere: prefix → the command that renders them.
 ELSEWHERE = {"study": "python experiments/study/report.py"}
