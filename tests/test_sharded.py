@@ -38,6 +38,8 @@ OPTIMIZERS = {
         ps, lr=1e-2, post="orthogonalize", clip_method="muon", clip_ns_dtype="float64"
     ),
     "MARS": lambda ps: so.MARS(ps, lr=1e-2, clip_c=0.3),
+    # a relative threshold: each matrix's norm summed over its shards
+    "SGDM kappa": lambda ps: so.SGDM(ps, lr=1e-2, clip_kappa=0.3),
     "Spectra(torch AdamW)": lambda ps: so.Spectra(
         torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), clip_c=0.3
     ),

@@ -282,9 +282,7 @@ def _ops(name: str, what: str) -> Callable[[Path], str]:
     or ``summary`` (per method, as the command prints it)."""
 
     def make(root: Path) -> str:
-        from spectra_lab.bench.ops_report import summary
-
-        from spectra_lab.bench.ops_report import sizes_table
+        from spectra_lab.bench.ops_report import sizes_table, summary
 
         cells = _ops_cells(root, name)
         return {"cells": ops_table, "summary": summary, "sizes": sizes_table}[what](cells)
@@ -317,7 +315,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:gpu-model-h100": _gpu_model,
     **{f"data:{name.replace('_', '-')}": _bench_optim(name) for name in (
         "bench_optim_cpu_2threads", "bench_optim_memory_cpu_2threads",
-        "bench_optim_memory_cpu_1thread", "bench_optim_peers_cpu_2threads")},
+        "bench_optim_memory_cpu_1thread", "bench_optim_peers_cpu_2threads",
+        "bench_optim_cpu_native_bf16_2threads")},
     "data:bench-ops-cpu": _ops("bench_ops_cpu", "cells"),
     **{f"data:{name.replace('_', '-')}-summary": _ops(name, "summary") for name in (
         "bench_ops_cpu", "bench_ops_cpu_recorded")},

@@ -40,7 +40,12 @@ from torch import Tensor
 
 from spectra.ops import batched_apply_all_, soft_clip_with_norm
 from spectra.ops.batched import BATCH_FRACTION, consecutive_runs
-from spectra.optim.distributed import apply_sharded, holds_whole_matrices, mesh_group
+from spectra.optim.distributed import (
+    apply_sharded,
+    frobenius_norms,
+    holds_whole_matrices,
+    mesh_group,
+)
 from spectra.optim.plan import ParamPlan, SpectralOp
 from spectra.optim.replicated import all_agree_finite, apply_replicated
 
@@ -180,8 +185,39 @@ def post_operator_(
 ) -> bool:
     """``U ← post(U)`` in place for the parameters with a post operator. With ``finite`` (a 0-d
     bool tensor, read with the operators' own host read): False, and nothing changed, when it
-    holds False."""
-    return _apply_ops(updates, plans, [pl.post for pl in plans], batch_elements, group, finite)
+    holds False. A relative threshold (``ParamPlan.relative``) clips each matrix at ``c·ŝ``,
+    ``ŝ = ‖U_i‖_F``, as ``ŝ·post(U_i/ŝ)``."""
+    scaled = _divide_by_scale_(updates, plans)
+    if not _apply_ops(updates, plans, [pl.post for pl in plans], batch_elements, group, finite):
+        return False
+    for X, s in scaled:
+        X.mul_(s)
+    return True
+
+
+def _divide_by_scale_(
+    updates: list[Tensor], plans: Sequence[ParamPlan]
+) -> list[tuple[Tensor, Tensor]]:
+    """``U_i ← U_i/ŝ_i``, ``ŝ_i = ‖U_i‖_F``, for each matrix of the parameters whose post
+    threshold is relative (the whole tensor's norm, summed over its shards, for a ``DTensor``
+    that splits a matrix); ``(U_i, ŝ_i)`` pairs to multiply back. No host read."""
+    pairs: list[tuple[Tensor, Tensor]] = []
+    shards, params = [], []
+    for u, pl in zip(updates, plans, strict=True):
+        if not pl.relative or pl.post is None:
+            continue
+        if pl.shard is not None and not holds_whole_matrices(pl.shard, pl.layout):
+            shards.append(u)
+            params.append(pl.shard)
+        else:
+            mats = pl.matrices(u)
+            pairs += zip(mats, torch._foreach_norm(mats), strict=True)
+    if shards:
+        pairs += zip(shards, frobenius_norms(shards, params), strict=True)
+    pairs = [(X, s.clamp_min(torch.finfo(s.dtype).tiny)) for X, s in pairs]
+    for X, s in pairs:
+        X.div_(s)  # a zero matrix stays zero
+    return pairs
 
 
 def decay_weights_(

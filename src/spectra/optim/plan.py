@@ -124,6 +124,8 @@ class ParamPlan:
             (:mod:`spectra.optim.layout`); ``None``: the tensor is the one matrix ``shape``.
         scales: α of each block of the ``layout``'s split, where they differ (``scale`` is
             then their largest); ``None``: every matrix takes ``scale``.
+        relative: ``post``'s threshold is relative: each matrix ``U_i`` of the direction is
+            clipped at ``c·‖U_i‖_F`` (``clip_kappa``; see :mod:`spectra.optim.settings`).
     """
 
     lr: float | Tensor
@@ -138,6 +140,7 @@ class ParamPlan:
     pre_cs: tuple[float, ...] | None = None
     layout: MatrixLayout | None = None
     scales: tuple[float, ...] | None = None
+    relative: bool = False
 
     def matrices(self, t: Tensor) -> list[Tensor]:
         """The matrices the spectral links see in ``t`` (the parameter, its gradient or its

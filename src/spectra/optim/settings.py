@@ -6,6 +6,9 @@ A param group of any optimizer in ``spectra.optim`` (and of the ``Spectra`` wrap
 key                   default      meaning
 ===================== ============ ==========================================================
 ``clip_c``            ``10.0``     c, the post operator's threshold; ``None``: no post clip
+``clip_kappa``        ``None``     κ of a relative threshold: each matrix ``U_i`` of the
+                                   direction is clipped at ``κ·factor(k)·‖U_i‖_F`` (instead
+                                   of ``clip_c``; see below)
 ``clip_scale``        ``"auto"``   α; ``"auto"`` is ``max(1, √(m/n))`` for an (m, n) matrix
 ``clip_method``       ``"auto"``   the operators' ``method`` (see :mod:`spectra.ops`)
 ``clip_schedule``     ``None``     ``step → factor`` with ``c_k = c·factor(k)``; ``None``: 1
@@ -31,6 +34,14 @@ key                   default      meaning
 
 The last three say how a tensor's dimensions map to matrices (:mod:`spectra.optim.layout`);
 :func:`spectra.optim.groups.matrix_param_groups` sets them for the usual modules.
+
+**A relative threshold** (``clip_kappa=κ``) clips each matrix of the direction at a multiple
+of its own scale, ``c_k = κ·factor(k)·ŝ`` with ``ŝ = ‖U‖_F`` taken at the same step. Since
+``H_{κŝ}(U) = ŝ·H_κ(U/ŝ)`` (and ``min(σ, κŝ) = ŝ·min(σ/ŝ, κ)``), the link divides each matrix
+by ``ŝ``, clips at ``κ·factor(k)`` and multiplies back. With SGD-M's momentum ``M`` this is a
+one-parameter family between SGD-M (κ large: ``H`` leaves ``M`` as it is) and Muon (κ small:
+``H_{κŝ}(M) → κŝ·orth(M)``) that keeps the small singular directions small. ``ŝ`` bounds
+σ_max, ``σ_max ≤ ŝ ≤ √rank·σ_max``, and is formed for sharded matrices by one all-reduce.
 
 **Adaptive pre-clipping** follows each matrix's own spectral scale (the layer-wise, adaptive
 thresholds that "Enhancing LLM Training via Spectral Clipping" leaves as future work): with
@@ -61,7 +72,7 @@ from torch import Tensor
 from spectra.ops.base import Options
 from spectra.ops.methods import check_capturable, method_names, operator
 from spectra.optim.chain import matrix_shape
-from spectra.optim.distributed import is_sharded
+from spectra.optim.distributed import holds_whole_matrices, is_sharded
 from spectra.optim.layout import MatrixLayout, default_scale
 from spectra.optim.plan import POST_KINDS, ParamPlan, SpectralOp
 from spectra.validate import check_choice, check_int, check_number
@@ -74,6 +85,7 @@ LAYOUT_KEYS = ("clip_batch_dims", "clip_split", "clip_transposed")
 #: SPECTRA settings every param group carries, with their defaults.
 SPECTRA_DEFAULTS: dict[str, Any] = {
     "clip_c": 10.0,
+    "clip_kappa": None,
     "clip_scale": "auto",
     "clip_method": "auto",
     "clip_schedule": None,
@@ -101,6 +113,7 @@ def ns_dtype_of(value: Any) -> torch.dtype | None:
 def check_spectra_settings(group: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the first bad SPECTRA setting of ``group``."""
     check_number("clip_c", group["clip_c"], low=0.0, low_open=True, none_ok=True)
+    check_number("clip_kappa", group["clip_kappa"], low=0.0, low_open=True, none_ok=True)
     check_number("pre_clip_c", group["pre_clip_c"], low=0.0, low_open=True, none_ok=True)
     check_number("pre_clip_kappa", group["pre_clip_kappa"], low=0.0, low_open=True, none_ok=True)
     check_number("pre_clip_beta", group["pre_clip_beta"], low=0.0, high=1.0, high_open=True)
@@ -112,6 +125,11 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
     if group["clip_scale"] != "auto":
         check_number("clip_scale ('auto' or a number)", group["clip_scale"], low=0.0, low_open=True)
     check_choice("post", group["post"], POST_KINDS)
+    if group["clip_kappa"] is not None and group["post"] == "orthogonalize":
+        raise ValueError(
+            f"clip_kappa={group['clip_kappa']!r} sets a threshold, which post='orthogonalize' "
+            "has none of; use post='soft_clip' or 'hard_clip'"
+        )
     check_choice("clip_params", group["clip_params"], CLIP_PARAMS)
     for key in SCHEDULE_KEYS:
         if group[key] is not None and not callable(group[key]):
@@ -190,8 +208,18 @@ def check_layout_settings(group: dict[str, Any]) -> None:
                 f"sequence of ints >= 1 and a dimension, got {split!r}"
             )
     for i, p in enumerate(group.get("params", ())):
-        if isinstance(p, Tensor):
-            layout_of(group, p, f"parameter {i} of its group")
+        if not isinstance(p, Tensor):
+            continue
+        layout = layout_of(group, p, f"parameter {i} of its group")
+        several = layout is not None and layout.several
+        if group.get("clip_kappa") is not None and several and is_sharded(p):
+            if not holds_whole_matrices(p, layout):
+                raise ValueError(
+                    f"clip_kappa={group['clip_kappa']!r}: parameter {i} of its group is a "
+                    f"DTensor of shape {tuple(p.shape)} whose shards cut its several matrices; "
+                    "a relative threshold takes each matrix's norm, which needs whole matrices "
+                    "or one matrix per tensor"
+                )
 
 
 def _is_int(value: Any) -> bool:
@@ -266,8 +294,12 @@ def adaptive_pre(group: dict[str, Any], p: Tensor) -> bool:
 
 
 def group_clips(group: dict[str, Any]) -> bool:
-    """Whether the group's post operator is on (``orthogonalize``, or a clip with a c)."""
-    return group["post"] == "orthogonalize" or group["clip_c"] is not None
+    """Whether the group's post operator is on (``orthogonalize``, or a clip with a c or a κ)."""
+    return (
+        group["post"] == "orthogonalize"
+        or group["clip_c"] is not None
+        or group["clip_kappa"] is not None
+    )
 
 
 def plan(
@@ -334,11 +366,13 @@ def plan(
         scales = tuple(layout.scales(p.shape)[:: max(1, math.prod(p.shape[: layout.batch_dims]))])
         scale = max(scales)
         scales = scales if len(set(scales)) > 1 else None
-    c = threshold(group["clip_c"], group["clip_schedule"], step)
+    relative = group["clip_kappa"] is not None
+    c = threshold(group["clip_kappa" if relative else "clip_c"], group["clip_schedule"], step)
     post = None
     if group["post"] == "orthogonalize" or math.isfinite(c):
         post = op_of(group, group["post"], None if group["post"] == "orthogonalize" else c)
-    return ParamPlan(lr, wd, shape, pre, post, scale, shard, **track, layout=layout, scales=scales)
+    return ParamPlan(lr, wd, shape, pre, post, scale, shard, **track, layout=layout,
+                     scales=scales, relative=relative)  # fmt: skip
 
 
 def pre_clip_ema_init(group: dict[str, Any], p: Tensor) -> float | list[float]:
@@ -357,13 +391,13 @@ def running_scale(m: float, beta: float, updates: int) -> float:
 def clip_threshold(
     groups: Iterable[dict[str, Any]], state: dict[Tensor, Any], step: int | None
 ) -> float | None:
-    """c_k of the first group that clips (``None``: none does).
+    """c_k of the first group that clips at a fixed threshold (``None``: none does).
 
     ``step=None`` means the step about to be taken: the count of steps its parameters have
     taken so far.
     """
     for group in groups:
-        if group["post"] == "orthogonalize" or group["clip_c"] is None:
+        if group["post"] == "orthogonalize" or group["clip_c"] is None or group["clip_kappa"]:
             continue
         if step is None and group["clip_schedule"] is None:
             step = 0  # c_k = c: no need to read the counts (on the device under capturable)

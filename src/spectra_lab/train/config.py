@@ -118,6 +118,8 @@ class TrainConfig:
 
     # SPECTRA: post-spectral clipping of the update, and optional pre-clipping of gradients
     clip_c: float | None = 10.0
+    # a relative threshold instead of clip_c: each matrix clipped at κ·‖U‖_F of its own
+    clip_kappa: float | None = None
     clip_scale: str | float = "auto"
     clip_schedule: str = "standard"
     clip_groups: list[str] = field(default_factory=lambda: ["hidden", "attn"])
@@ -331,6 +333,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "weight_decay": partial(check_number, low=0.0),
     "grad_clip": _positive_or_off,
     "clip_c": _positive_or_off,
+    "clip_kappa": _positive_or_off,
     "clip_scale": _auto_or_positive,
     "clip_schedule": partial(check_choice, choices=CLIP_SCHEDULES),
     "clip_groups": partial(_choices_each, choices=PARAM_GROUPS),

@@ -42,7 +42,7 @@ Groups = list[dict[str, Any]]
 DECAY_GROUPS = ("hidden", "attn")
 #: keywords that have a config field of the same name, which sets them
 CONFIG_KEYWORDS = (
-    "lr", "weight_decay", "clip_c", "clip_scale", "clip_schedule", "pre_clip_c",
+    "lr", "weight_decay", "clip_c", "clip_kappa", "clip_scale", "clip_schedule", "pre_clip_c",
     "pre_clip_schedule", "pre_clip_kappa", "pre_clip_beta",
 )  # fmt: skip
 #: per-group SPECTRA settings without a config field; spectra's optimizers take them
@@ -167,7 +167,8 @@ def spectral_groups(
 ) -> Groups:
     """Groups carrying the SPECTRA keys of ``spectra``'s optimizers.
 
-    With ``clip``, the groups in ``cfg.clip_groups`` get the threshold ``clip_c``, the
+    With ``clip``, the groups in ``cfg.clip_groups`` get the threshold ``clip_c`` (or the
+    relative ``clip_kappa``), the
     scale ``clip_scale``, the threshold schedule, the pre-clipping settings and ``post``
     when given; the optimizer computes the per-step thresholds ``c_k`` itself. Without
     ``clip`` (the plain base optimizers) they get the pre-clipping settings only, so that
@@ -186,6 +187,7 @@ def spectral_groups(
     if clip:
         on = {
             "clip_c": cfg.clip_c,
+            "clip_kappa": cfg.clip_kappa,
             "clip_scale": cfg.clip_scale,
             "clip_schedule": clip_schedule(cfg, lr_lambda),
             **pre,
@@ -324,6 +326,14 @@ def check_optimizer(cfg: TrainConfig) -> Recipe:
                 "pre-clip (pre-clipping is part of spectra's AdamW, Signum, AdEMAMix, MARS and "
                 "SGDM recipes)"
             )
+    post_clips = recipe.groups is spectral_groups or (
+        isinstance(recipe.groups, partial) and recipe.groups.keywords.get("clip", True)
+    )
+    if cfg.clip_kappa is not None and not post_clips:
+        raise ConfigError(
+            f"config field 'clip_kappa' = {cfg.clip_kappa!r}: {cfg.optimizer} does not "
+            "post-clip (a relative threshold is part of the spectra-X recipes)"
+        )
     takes = recipe.keywords()
     for key in cfg.optimizer_kwargs:
         if key in CONFIG_KEYWORDS:
