@@ -1,6 +1,7 @@
 """A relative threshold, ``clip_kappa=κ``: each matrix of the direction clipped at κ·‖U‖_F of
 its own, against a float64 SVD of the same map; its limits (SGD-M for a large κ, κŝ·orth for
-a small one); experts each with their own scale; a capturable step; bad settings refused."""
+a small one); experts each with their own scale; a capturable step; bad settings refused. And
+D-Muon's soft orthogonalization (``soft_kappa``), the same clip normalized to Muon's size."""
 
 from __future__ import annotations
 
@@ -109,3 +110,64 @@ def test_a_zero_direction_stays_zero():
 def test_bad_settings_are_refused_by_name(settings, message):
     with pytest.raises(ValueError, match=message):
         so.SGDM([torch.nn.Parameter(torch.randn(4, 4))], lr=0.1, **settings)
+
+
+# --------------------------------------------------------------------------- D-Muon, soft
+
+
+def _dmuon_reference(W0, grads, kappa, lr=0.01, mu=0.95, wd=0.1):
+    """D-Muon (Nesterov) with ``O = √r·H_1(Y)/‖H_1(Y)‖_F``, ``Y = U/(κ‖U‖_F)``, by a float64 SVD;
+    ``kappa=None``: the exact ``orth(U)``; ``kappa=inf``: ``√r·U/‖U‖_F``."""
+    W, B = W0.clone(), torch.zeros_like(W0)
+    m, n = W0.shape
+    for g in grads:
+        B = MU_D * B + (1 - MU_D) * g
+        U = (1 - MU_D) * g + MU_D * B
+        u, S, vh = torch.linalg.svd(U, full_matrices=False)
+        if kappa is None:
+            v = torch.ones_like(S)
+        elif kappa == float("inf"):
+            v = S
+        else:
+            t = S / (kappa * U.norm())
+            v = t / torch.sqrt(1 + t * t)
+        O = u @ torch.diag(v * min(m, n) ** 0.5 / v.norm()) @ vh
+        W = (1 - lr * wd) * W - lr * 0.2 * max(m, n) ** 0.5 * O
+    return W
+
+
+MU_D = 0.95
+
+
+def _dmuon(W0, grads, **settings):
+    W = torch.nn.Parameter(W0.clone())
+    opt = so.DMuon([{"params": [W], "use_muon": True}], lr=0.01, **settings)
+    for g in grads:
+        W.grad = g.clone()
+        opt.step()
+    return W.detach()
+
+
+@pytest.mark.parametrize("kappa", [0.03, 0.3, 3.0])
+def test_dmuon_soft_orthogonalization_is_the_normalized_soft_clip(kappa):
+    W0 = torch.randn(8, 5, dtype=torch.float64)
+    grads = _grads((8, 5), seed=3)
+    got = _dmuon(W0, grads, soft_kappa=kappa)
+    torch.testing.assert_close(got, _dmuon_reference(W0, grads, kappa), rtol=1e-10, atol=1e-12)
+
+
+def test_dmuon_soft_runs_from_muon_to_normalized_sgdm():
+    W0 = torch.randn(8, 5, dtype=torch.float64)
+    grads = _grads((8, 5), seed=4)
+    # κ → 0: Muon's step with the exact orth(U) (D-Muon itself uses NS₅, ≈ orth)
+    muon = _dmuon(W0, grads, soft_kappa=1e-7)
+    torch.testing.assert_close(muon, _dmuon_reference(W0, grads, None), rtol=1e-10, atol=1e-12)
+    # κ → ∞: the momentum's own direction at Muon's size
+    sgdm = _dmuon(W0, grads, soft_kappa=1e7)
+    want = _dmuon_reference(W0, grads, float("inf"))
+    torch.testing.assert_close(sgdm, want, rtol=1e-8, atol=1e-10)
+
+
+def test_dmuon_refuses_a_bad_soft_kappa():
+    with pytest.raises(ValueError, match=r"soft_kappa must be .*got 0"):
+        so.DMuon([torch.nn.Parameter(torch.randn(4, 4))], soft_kappa=0)

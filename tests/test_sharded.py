@@ -44,6 +44,7 @@ OPTIMIZERS = {
         torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1), clip_c=0.3
     ),
     "DMuon": lambda ps: so.DMuon(ps, lr=1e-2, ns_dtype="float64"),
+    "DMuon soft": lambda ps: so.DMuon(ps, lr=1e-2, soft_kappa=0.3),
 }
 STEPS = 3
 

@@ -14,6 +14,17 @@ Muon part, for a matrix ``W ∈ ℝ^{m×n}`` with gradient ``G`` (the arithmetic
     O ← NS₅(U)                               quintic Newton–Schulz in bfloat16 ≈ orth(U)
     W ← (1 − η·λ)·W − η · 0.2·√max(m, n) · O
 
+With ``soft_kappa=κ`` the orthogonalization is a soft one, a family between Muon and
+normalized SGD-M built on the soft clip of "Enhancing LLM Training via Spectral Clipping"::
+
+    O ← √r · H_1(Y) / ‖H_1(Y)‖_F,   Y = U / (κ·‖U‖_F),   r = min(m, n)
+
+``H_1(Y) = H_{κŝ}(U)/(κŝ)`` (``ŝ = ‖U‖_F``) maps each singular value σ of U to
+``t/√(1 + t²)`` with ``t = σ/(κŝ)``: near 1 for ``σ ≫ κŝ``, ``σ/(κŝ)`` for the small ones.
+The normalization gives O the Frobenius norm of ``orth(U)`` (``√r`` for a full-rank U), so
+the update's RMS and the shared learning rate stay Muon's. κ → 0 is ``orth(U)`` (Muon);
+κ → ∞ is ``√r·U/‖U‖_F`` (SGD-M's direction at Muon's size).
+
 AdamW part: exactly ``torch.optim.AdamW`` with ``betas=adamw_betas`` and
 ``eps=adamw_eps`` (its single-tensor arithmetic).
 
@@ -38,7 +49,7 @@ from spectra.optim.adamw import adam_moments_
 from spectra.optim.base import step_counter
 from spectra.optim.baselines.base import BaselineOptimizer
 from spectra.optim.chain import add_update_, decay_weights_
-from spectra.optim.distributed import apply_sharded, is_sharded, local
+from spectra.optim.distributed import apply_sharded, frobenius_norms, is_sharded, local
 from spectra.optim.plan import ParamPlan, SpectralOp
 from spectra.optim.settings import NS_DTYPES, ns_dtype_of
 from spectra.validate import check_int, check_number, check_pair
@@ -118,9 +129,11 @@ def muon_update(
     nesterov: bool,
     ns_steps: int,
     ns_dtype: torch.dtype = torch.bfloat16,
+    soft_kappa: float | None = None,
     shard_of: Tensor | None = None,
 ) -> None:
-    """One Muon step on ``param`` in place (see the module docstring for the math).
+    """One Muon step on ``param`` in place (see the module docstring for the math; with
+    ``soft_kappa``, the soft orthogonalization).
 
     Tensors with more than two dimensions are treated as the matrix
     ``(shape[0], prod(shape[1:]))``. With ``shard_of`` (a ``DTensor`` parameter), ``param``,
@@ -132,7 +145,9 @@ def muon_update(
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
     whole = param.shape if shard_of is None else shard_of.shape
     shape = (whole[0], math.prod(whole[1:]))
-    if shard_of is None:
+    if soft_kappa is not None:
+        ortho = soft_orthogonalize(update, soft_kappa, shape, shard_of)
+    elif shard_of is None:
         matrix = update.reshape(shape)
         ortho = newton_schulz_quintic(
             matrix, ns_steps=ns_steps, coeffs=MUON_NS_COEFFS, dtype=ns_dtype
@@ -144,6 +159,24 @@ def muon_update(
     plan = ParamPlan(lr, weight_decay, scale=RMS_MATCH * math.sqrt(max(shape)))
     decay_weights_([param], [plan])
     add_update_([param], [ortho], [plan])
+
+
+def soft_orthogonalize(
+    update: Tensor, kappa: float, shape: tuple[int, int], shard_of: Tensor | None = None
+) -> Tensor:
+    r"""``O = √r·H_1(Y)/‖H_1(Y)‖_F`` with ``Y = U/(κ‖U‖_F)`` and ``r = min(m, n)`` for the
+    ``shape`` matrix ``U`` (``update``, or its local shard of the ``DTensor`` ``shard_of``);
+    a new tensor of ``update``'s shape. See the module docstring."""
+    ortho = update.clone(memory_format=torch.contiguous_format)
+    owner = update if shard_of is None else shard_of
+    tiny = torch.finfo(ortho.dtype).tiny
+    ortho.div_(frobenius_norms([ortho], [owner])[0].clamp_min(tiny) * kappa)
+    op = SpectralOp("soft_clip", 1.0)
+    if shard_of is None:
+        ortho = op(ortho.reshape(1, *shape)).view_as(update)
+    else:
+        apply_sharded([(op, ortho, shard_of, shape)])
+    return ortho.mul_(math.sqrt(min(shape)) / frobenius_norms([ortho], [owner])[0].clamp_min(tiny))
 
 
 def adamw_update(
@@ -200,6 +233,8 @@ class DMuon(BaselineOptimizer):
         adamw_betas: AdamW (β₁, β₂) (default (0.8, 0.999), the paper's 160M setting;
             it uses (0.9, 0.99) at 780M/820M).
         adamw_eps: AdamW ε (default 1e-8).
+        soft_kappa: κ of the soft orthogonalization (module docstring) in place of
+            Newton–Schulz; ``None`` (default): Muon's ``NS₅``.
     """
 
     def __init__(
@@ -213,6 +248,7 @@ class DMuon(BaselineOptimizer):
         ns_dtype: torch.dtype | str = torch.bfloat16,
         adamw_betas: tuple[float, float] = (0.8, 0.999),
         adamw_eps: float = 1e-8,
+        soft_kappa: float | None = None,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -224,6 +260,7 @@ class DMuon(BaselineOptimizer):
             "adamw_betas": adamw_betas,
             "adamw_eps": adamw_eps,
             "use_muon": None,
+            "soft_kappa": soft_kappa,
         }
         super().__init__(params, defaults)
 
@@ -233,6 +270,7 @@ class DMuon(BaselineOptimizer):
         check_number("weight_decay", group["weight_decay"], low=0.0)
         check_number("adamw_eps", group["adamw_eps"], low=0.0)
         check_int("ns_steps", group["ns_steps"], low=1)
+        check_number("soft_kappa", group["soft_kappa"], low=0.0, low_open=True, none_ok=True)
         if group["ns_dtype"] not in NS_DTYPES.values():
             raise ValueError(
                 f"ns_dtype must be one of {', '.join(NS_DTYPES)} (a torch.dtype or its name), "
@@ -249,6 +287,7 @@ class DMuon(BaselineOptimizer):
         super().__setstate__(state)
         for group in self.param_groups:  # state dicts saved before ns_dtype existed
             group.setdefault("ns_dtype", torch.bfloat16)
+            group.setdefault("soft_kappa", None)
 
     def _check_params(self, group: dict[str, Any]) -> None:
         if group["use_muon"]:
@@ -283,6 +322,7 @@ class DMuon(BaselineOptimizer):
                 nesterov=group["nesterov"],
                 ns_steps=group["ns_steps"],
                 ns_dtype=group["ns_dtype"],
+                soft_kappa=group["soft_kappa"],
                 shard_of=p if is_sharded(p) else None,
             )
             return
