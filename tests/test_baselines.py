@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+import spectra.optim as so
 from spectra.optim import SOAP, DMuon, dmuon_param_groups
 from spectra.optim.baselines.soap import kronecker_factor, rotate, rotate_back
 
@@ -523,3 +524,44 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_spectra_pre_clip_on_top_of_dmuon_is_dmuon_on_clipped_gradients():
+    """``Spectra(DMuon(...), clip_c=None, pre_clip_c=c)``: D-Muon's step on ``H_c(G)`` of each
+    Muon matrix's raw gradient (a float64 SVD), its AdamW part untouched."""
+    torch.manual_seed(0)
+    W0, E0 = torch.randn(8, 5, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
+    grads = [(5 * torch.randn(8, 5, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64))
+             for _ in range(3)]  # fmt: skip
+
+    def soft(G, c):
+        U, S, Vh = torch.linalg.svd(G, full_matrices=False)
+        return U @ torch.diag(S / torch.sqrt(1 + (S / c) ** 2)) @ Vh
+
+    def run(wrap: bool):
+        W, E = torch.nn.Parameter(W0.clone()), torch.nn.Parameter(E0.clone())
+        groups = [{"params": [W], "use_muon": True, **({"pre_clip_c": 2.0} if wrap else {})},
+                  {"params": [E], "use_muon": False}]  # fmt: skip
+        base = so.DMuon(groups, lr=0.01, ns_dtype="float64")
+        opt = so.Spectra(base, clip_c=None) if wrap else base
+        for g, e in grads:
+            W.grad, E.grad = (g.clone(), e.clone()) if wrap else (soft(g, 2.0), e.clone())
+            opt.step()
+        return W.detach(), E.detach()
+
+    for got, want in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_the_harness_wraps_dmuon_to_pre_clip_its_muon_matrices():
+    from spectra_lab.train.build import build_model
+    from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.optimizers import build_optimizer
+
+    cfg = TrainConfig(optimizer="dmuon", pre_clip_c=2.0, preset="cpu-small")
+    model, _ = build_model(cfg, 256)
+    opt = build_optimizer(model, cfg, lambda k: 1.0)
+    assert isinstance(opt, so.Spectra) and isinstance(opt.base, so.DMuon)
+    for g in opt.param_groups:
+        assert g["clip_c"] is None  # D-Muon's own step, no post clip
+        assert g["pre_clip_c"] == (2.0 if g["use_muon"] else None)

@@ -60,10 +60,10 @@ def test_cli_prints_the_table_and_rejects_bad_input_in_one_line(capsys):
     assert main([*argv, "--optimizer", "adamw"]) == 0
     assert "| adamw |" in capsys.readouterr().out
     # optimizers that cannot pre-clip get no pre-clip row, and the table says so
-    assert main([*argv, "--optimizer", "adamw", "dmuon", "--pre-clip", "1"]) == 0
+    assert main([*argv, "--optimizer", "adamw", "soap", "--pre-clip", "1"]) == 0
     out = capsys.readouterr().out
-    assert "| adamw + pre-clip 1 |" in out and "| dmuon |" in out
-    assert "dmuon + pre-clip" not in out and "no pre-clip row for dmuon" in out
+    assert "| adamw + pre-clip 1 |" in out and "| soap |" in out
+    assert "soap + pre-clip" not in out and "no pre-clip row for soap" in out
     assert main(["bench", "step", "--preset", "huge"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'huge'" in err
@@ -72,18 +72,18 @@ def test_cli_prints_the_table_and_rejects_bad_input_in_one_line(capsys):
 def test_json_stores_the_report_the_table_is_printed_from(tmp_path, capsys):
     path = tmp_path / "step.json"
     argv = ["bench", "step", "--preset", "tiny", "--steps", "1", "--warmup", "0", "--device",
-            "cpu", "--optimizer", "adamw", "dmuon", "--pre-clip", "1",
+            "cpu", "--optimizer", "adamw", "soap", "--pre-clip", "1",
             "--json", str(path)]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
     report = json.loads(path.read_text())
     assert report["args"] == {
-        "preset": "tiny", "optimizer": ["adamw", "dmuon"], "pre_clip": 1.0, "steps": 1,
+        "preset": "tiny", "optimizer": ["adamw", "soap"], "pre_clip": 1.0, "steps": 1,
         "warmup": 0, "batch_size": 8, "device": "cpu", "threads": None,
     }  # fmt: skip
     assert report["torch"] == torch.__version__ and report["threads"] == torch.get_num_threads()
-    assert [r["optimizer"] for r in report["rows"]] == ["adamw", "adamw + pre-clip 1", "dmuon"]
-    assert report["no_pre_clip"] == ["dmuon"]
+    assert [r["optimizer"] for r in report["rows"]] == ["adamw", "adamw + pre-clip 1", "soap"]
+    assert report["no_pre_clip"] == ["soap"]
     assert format_report(report) == out
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left behind
 

@@ -135,9 +135,29 @@ def plain_groups(groups: Groups, cfg: TrainConfig, lr_lambda: LRLambda) -> Group
 
 
 def muon_groups(groups: Groups, cfg: TrainConfig, lr_lambda: LRLambda) -> Groups:
-    """D-Muon: Muon on the hidden/attention matrices, AdamW on the rest."""
+    """D-Muon: Muon on the hidden/attention matrices, AdamW on the rest. With pre-clipping
+    (``pre_clip_c`` or ``pre_clip_kappa``) the Muon groups carry its settings, which the
+    ``spectra.Spectra`` wrapper :func:`build_optimizer` puts around D-Muon reads: SPECTRA's
+    pre-clip of the raw gradients before D-Muon's momentum."""
     plain = plain_groups(groups, cfg, lr_lambda)
-    return [{**g, "use_muon": g["group"] in DECAY_GROUPS} for g in plain]
+    pre = pre_clip_settings(cfg) if pre_clips(cfg) else {}
+    return [{**g, "use_muon": (muon := g["group"] in DECAY_GROUPS), **(pre if muon else {})}
+            for g in plain]  # fmt: skip
+
+
+def pre_clips(cfg: TrainConfig) -> bool:
+    """Whether the run pre-clips raw gradients (a fixed or an adaptive threshold)."""
+    return cfg.pre_clip_c is not None or cfg.pre_clip_kappa is not None
+
+
+def pre_clip_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The pre-clipping keys of a param group, from the config."""
+    return {
+        "pre_clip_c": cfg.pre_clip_c,
+        "pre_clip_schedule": pre_clip_schedule(cfg),
+        "pre_clip_kappa": cfg.pre_clip_kappa,
+        "pre_clip_beta": cfg.pre_clip_beta,
+    }
 
 
 def clip_schedule(cfg: TrainConfig, lr_lambda: LRLambda) -> Callable[[int], float] | None:
@@ -177,12 +197,7 @@ def spectral_groups(
     neither.
     """
     off = {"clip_c": None, "pre_clip_c": None}
-    pre = {
-        "pre_clip_c": cfg.pre_clip_c,
-        "pre_clip_schedule": pre_clip_schedule(cfg),
-        "pre_clip_kappa": cfg.pre_clip_kappa,
-        "pre_clip_beta": cfg.pre_clip_beta,
-    }
+    pre = pre_clip_settings(cfg)
     on = {**off, **pre}
     if clip:
         on = {
@@ -320,11 +335,11 @@ def check_optimizer(cfg: TrainConfig) -> Recipe:
         raise ConfigError(f"config field 'optimizer' = {cfg.optimizer!r}: {exc}{hint}") from None
     recipe = OPTIMIZERS[cfg.optimizer]
     for key in ("pre_clip_c", "pre_clip_kappa"):
-        if getattr(cfg, key) is not None and recipe.groups in (plain_groups, muon_groups):
+        if getattr(cfg, key) is not None and recipe.groups is plain_groups:
             raise ConfigError(
                 f"config field '{key}' = {getattr(cfg, key)!r}: {cfg.optimizer} does not "
-                "pre-clip (pre-clipping is part of spectra's AdamW, Signum, AdEMAMix, MARS and "
-                "SGDM recipes)"
+                "pre-clip (pre-clipping is part of spectra's AdamW, Signum, AdEMAMix, MARS, "
+                "SGDM and D-Muon recipes)"
             )
     post_clips = recipe.groups is spectral_groups or (
         isinstance(recipe.groups, partial) and recipe.groups.keywords.get("clip", True)
@@ -359,6 +374,10 @@ def build_optimizer(
     recipe = check_optimizer(cfg)
     groups = recipe.groups(param_groups(model, cfg), cfg, lr_lambda)
     optimizer = recipe.optimizer(groups, lr=cfg.lr, **{**recipe.defaults, **cfg.optimizer_kwargs})
+    if recipe.groups is muon_groups and pre_clips(cfg):
+        # SPECTRA on top of Muon: the wrapper pre-clips the raw gradients of the Muon groups
+        # (their keys) and leaves D-Muon's own step as it is (no post clip)
+        optimizer = spectra.Spectra(optimizer, clip_c=None)
     if optimizer.defaults.get("capturable"):
         # a capturable step reads each group's lr live from a tensor on the parameters' device
         for group in optimizer.param_groups:
