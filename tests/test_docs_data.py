@@ -45,12 +45,11 @@ def span(lo: float, hi: float, fmt: str = ".2f") -> str:
 # --------------------------------------------------------------------------- H100 model
 
 
-def test_h100_model_table_is_the_stored_report():
+def test_h100_model_is_what_the_code_gives_today():
+    # (its table is a generated block, data:gpu-model-h100)
     from spectra_lab.estimate.gpu_model import format_report, report
 
     stored = data("docs/data/gpu_model_h100.json")
-    for line in format_report(stored).splitlines()[2:]:
-        assert line in text("docs/operators.md")
     # the model is deterministic: the stored rows are what the code gives today
     fresh = report((30.0, 300.0), stored["efficiency"], stored["launch_us"])
     assert format_report(fresh) == format_report(stored)
@@ -90,42 +89,14 @@ def test_readme_quick_start_prints_seed_1337s_run():
 # --------------------------------------------------------------------------- DDP split
 
 
-def test_distributed_tables_are_the_stored_bench_dist_run():
-    stored = data("docs/data/bench_dist_cpu.json")
-    doc = text("docs/distributed.md")
-    for r in stored["timing"]:
-        row = f"| {r['procs']} | {r['threads']} | {r['unsplit']:.3f} | {r['split']:.3f} | "
-        assert row in doc, row
-        assert f"{r['ratio']:.2f}" in doc.split(row, 1)[1].splitlines()[0]
-    mib = 1 << 20
-    for v in stored["volume"]:
-        cells = [v["ddp_allreduce"], v["ddp_split"], v["fsdp2_own"], v["fsdp2_spectral"]]
-        row = f"| {v['preset']} | {v['n']} | " + " | ".join(f"{c / mib:.0f} MiB" for c in cells)
-        assert row in doc, row
-
-
-def test_traffic_tables_are_the_stored_bench_dist_run():
+def test_stored_traffic_counts_agree_with_the_model():
+    # (the tables are generated blocks, data:bench-dist-*)
     stored = data("docs/data/bench_dist_traffic.json")
-    doc = text("docs/distributed.md")
-    mib = 1 << 20
-    layouts = ["ddp", "fsdp2-whole", "fsdp2-gram", "tp", "2d"]
-    for n in sorted({r["procs"] for r in stored["traffic"]}):
-        cells = []
-        for layout in layouts:
-            rows = [r for r in stored["traffic"] if r["procs"] == n and r["layout"] == layout]
-            if not rows:
-                cells.append("–")
-                continue
-            r = rows[0]
-            got = sum(r["received"]) / len(r["received"])
-            # counted and modelled agree to the finite checks' few bytes
-            assert got == pytest.approx(r["model"], abs=16)
-            cells.append(f"{got / mib:.3f} ({r['model'] / mib:.3f})")
-        row = f"| {n} | " + " | ".join(cells) + " |"
-        assert row in doc, row
+    for r in stored["traffic"]:
+        got = sum(r["received"]) / len(r["received"])
+        # counted and modelled agree to the finite checks' few bytes
+        assert got == pytest.approx(r["model"], abs=16)
     for r in stored["traffic_model"]:
-        row = f"| {r['preset']} | {r['n']} | " + " | ".join(f"{r[x] / mib:.0f}" for x in layouts)
-        assert row + " |" in doc, row
         assert r["fsdp2-gram"] < r["fsdp2-whole"]
 
 
@@ -381,13 +352,7 @@ def test_evaluation_table_is_the_stored_scores_of_the_main_job():
 # --------------------------------------------------------------------------- step timings
 
 
-def test_main_job_step_tables_and_ratios_are_the_stored_bench_step_runs():
-    from spectra_lab.bench.step import format_report
-
-    doc = text("docs/operators.md")
-    for threads in ("2threads", "1thread"):
-        report = data(f"docs/data/bench_step_main_job_{threads}.json")
-        assert format_report(report).rstrip() in doc
+def test_main_job_step_ratios_are_the_stored_bench_step_runs():
     extra = []
     for threads in ("2threads", "1thread"):
         rows = {r["name"]: r for r in data(f"docs/data/bench_step_main_job_{threads}.json")["rows"]}
@@ -428,21 +393,6 @@ def test_main_job_runs_step_ratio_is_the_stored_pairs():
 
 
 # --------------------------------------------------------------------------- optimizer step
-
-
-def test_optimizer_step_tables_are_the_stored_bench_optim_runs():
-    from spectra_lab.bench.optim import format_table
-
-    files = {
-        "bench_optim_cpu_2threads": ("docs/optimizers.md", "docs/operators.md"),
-        "bench_optim_memory_cpu_2threads": ("docs/optimizers.md",),
-        "bench_optim_memory_cpu_1thread": ("docs/optimizers.md",),
-        "bench_optim_peers_cpu_2threads": ("docs/optimizers.md",),
-    }
-    for name, docs in files.items():
-        table = "\n".join(format_table(data(f"docs/data/{name}.json")).splitlines()[3:])
-        for doc in docs:
-            assert table in text(doc), (name, doc)
 
 
 def test_the_peers_figures_on_the_cpu_are_the_stored_run():
@@ -524,12 +474,7 @@ def test_matmul_rates_quoted_from_the_stored_runs():
 # --------------------------------------------------------------------------- the GPU check
 
 
-def test_gpu_page_tables_are_the_stored_gpu_check():
-    from spectra_lab.gpucheck.check import markdown_summary
-
-    doc = text("docs/gpu.md")
-    for line in markdown_summary(DATA / "gpu").splitlines():
-        assert line in doc, line
+def test_gpu_page_figures_are_the_stored_gpu_check():
     optim = data("docs/data/gpu/bench_optim.json")["rows"]
     step = {r["method"]: r["step_s"] for r in optim}
     ours, paper = 1e3 * step["spectra-adamw"], 1e3 * step["paper-wrap-bf16"]

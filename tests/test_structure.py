@@ -26,6 +26,7 @@ ORDER = (
     "estimate",
     "generate",
     "gpucheck",
+    "blocks",
     "pages",
     "cli",
     "__main__",

@@ -1,10 +1,9 @@
 """The training configuration: one plain dataclass, loadable from YAML/TOML with overrides.
 
-Defaults describe the main job: a short CPU run of the ``cpu-small`` Llama on the
-embedded Shakespeare corpus with Spectra-AdamW, using the paper's recipe scaled down
-(weight decay 0.1, global gradient clipping 0.5, clipping threshold ``clip_c = 10``
-with the "standard" clipping schedule, WSD learning-rate schedule with the last 20%
-of steps decaying to zero). See docs/training.md for every field.
+Defaults describe the main job: a short CPU run of the ``cpu-small`` Llama on the embedded
+Shakespeare corpus with Spectra-AdamW, using the paper's recipe scaled down (weight decay 0.1,
+global gradient clipping 0.5, ``clip_c = 10`` with the "standard" clipping schedule, WSD
+learning-rate schedule with the last 20% of steps decaying to zero). See docs/training.md.
 
 This module is a leaf of the harness: it knows the fields, their types and their ranges,
 and nothing of the optimizers, the model or the data. Settings that belong to one
@@ -118,13 +117,11 @@ class TrainConfig:
 
     # SPECTRA: post-spectral clipping of the update, and optional pre-clipping of gradients
     clip_c: float | None = 10.0
-    # a relative threshold instead of clip_c: each matrix clipped at κ·‖U‖_F of its own
-    clip_kappa: float | None = None
+    clip_kappa: float | None = None  # relative threshold κ·‖U‖_F per matrix (not clip_c)
     clip_scale: str | float = "auto"
     clip_schedule: str = "standard"
     clip_groups: list[str] = field(default_factory=lambda: ["hidden", "attn"])
-    # "matrices": each expert of a stack and each block of a fused tensor is its own matrix
-    # (spectra.matrix_param_groups); "tensors": every tensor is one matrix, (d0, d1·d2·…)
+    # "matrices": each expert and fused block its own matrix; "tensors": each tensor one matrix
     clip_layout: str = "matrices"
     pre_clip_c: float | None = None
     pre_clip_schedule: str = "constant"

@@ -1,0 +1,247 @@
+"""What renders each generated block of README.md and docs/ (outside the study's): one function
+per block, reading the files under the source tree's root (``docs/data/``, ``results/``) and
+writing the block's Markdown. :data:`BLOCKS` maps each block's key to its function;
+:mod:`spectra_lab.pages` finds the blocks in the pages, writes and checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _json(root: Path, path: str) -> dict:
+    file = root / path
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    return json.loads(file.read_text())
+
+
+def _main_job(root: Path, sweep: str = "main-job") -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for r in _json(root, f"results/{sweep}/results.json")["runs"]:
+        out.setdefault(r["point"].get("optimizer", "spectra-adamw"), {})[r["seed"]] = r["val_loss"]
+    return out
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float]:
+    """Mean, sample std and t of ``b − a`` over the seeds both hold."""
+    d = [b[s] - a[s] for s in sorted(a) if s in b]
+    mean, sd = statistics.fmean(d), statistics.stdev(d)
+    return mean, sd, mean / (sd / math.sqrt(len(d)))
+
+
+def main_job_table(root: Path) -> str:
+    """The main job's table: seed 1337's loss and perplexity, mean ± std over the seeds."""
+    runs = _main_job(root)
+    rows = {
+        "adamw": "| `adamw` (`clip_c=None`) |",
+        "spectra-adamw": "| `spectra-adamw` (`clip_c=10`, standard schedule) |",
+    }
+    best = min(runs, key=lambda k: statistics.fmean(runs[k].values()))
+    lines = ["| optimizer | val loss, seed 1337 | val perplexity, seed 1337 | val loss, mean ± std "
+             f"over seeds {min(runs['adamw'])}–{max(runs['adamw'])} |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    for name, vals in runs.items():
+        s0 = vals[1337]
+        cells = [
+            f"{s0:.4f}",
+            f"{math.exp(s0):.2f}",
+            f"{statistics.fmean(vals.values()):.3f} ± {statistics.stdev(vals.values()):.3f}",
+        ]
+        if name == best:
+            cells = [f"**{c}**" for c in cells]
+        lines.append(f"{rows[name]} {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def main_job_paired(root: Path) -> str:
+    """Δ = AdamW − Spectra-AdamW over the main job's seeds, with its t and verdict."""
+    runs = _main_job(root)
+    mean, sd, t = _paired(runs["spectra-adamw"], runs["adamw"])
+    sig = "significant" if abs(t) > 4.303 else "not significant"  # Student's t, 2 dof
+    return f"Δ = AdamW − Spectra-AdamW = {mean:.3f} ± {sd:.3f} (t = {t:.1f}, {sig}"
+
+
+def main_job_mixed(root: Path) -> str:
+    """The main job's Spectra-AdamW with ``mixed``, and its pairing against ``eigh``."""
+    exact = _main_job(root)["spectra-adamw"]
+    mixed = next(iter(_main_job(root, "main-job-mixed").values()))
+    mean, sd, t = _paired(exact, mixed)
+    ms = f"{statistics.fmean(mixed.values()):.4f} ± {statistics.stdev(mixed.values()):.4f}"
+    sig = "significant" if abs(t) > 4.303 else "not significant"
+    return f"end at {ms}, paired against `eigh` {mean:+.4f} ± {sd:.4f} (t = {t:.1f}, {sig})"
+
+
+def _gpu_runs(root: Path) -> str:
+    from spectra_lab.gpucheck.runs import runs_table
+
+    return runs_table(root / "docs" / "data" / "gpu")
+
+
+def _machines(root: Path) -> str:
+    from spectra_lab.bench.machines import machines_table
+
+    return machines_table(root / "docs" / "data")
+
+
+def _bench_optim(name: str) -> Callable[[Path], str]:
+    """The table of a stored ``spectra bench optim`` run (without its two header lines)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.optim import format_table
+
+        return "\n".join(format_table(_json(root, f"docs/data/{name}.json")).splitlines()[3:])
+
+    return make
+
+
+def _bench_step(name: str) -> Callable[[Path], str]:
+    """The report of a stored ``spectra bench step`` run, as the command prints it (fenced)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.step import format_report
+
+        return "```\n" + format_report(_json(root, f"docs/data/{name}.json")).rstrip() + "\n```"
+
+    return make
+
+
+def _ops_cells(root: Path, name: str) -> list:
+    from spectra_lab.bench.ops_report import Cell
+
+    return [Cell(**c) for c in _json(root, f"docs/data/{name}.json")["cells"]]
+
+
+def ops_table(cells: list, columns: tuple[str, ...] = ("polar", "eigh64")) -> str:
+    """A stored ``spectra bench ops`` run, one row per input: ``auto``'s time, its ratios to
+    the paper's runs and the three errors, then each of ``columns``' time ÷ paper fp32."""
+    from spectra_lab.bench.ops_report import _by_input
+    from spectra_lab.bench.tables import markdown_table
+
+    def ratio(x: float, fmt: str) -> str:
+        return "–" if math.isnan(x) else f"{x:{fmt}}"
+
+    rows = []
+    for (shape, dtype, kind), by in _by_input(cells).items():
+        auto, fp32, bf16 = by["auto"], by["paper_fp32"], by.get("paper_bf16")
+        rows.append([shape, dtype, kind, f"{auto.sigma_over_c:.3g}", f"{auto.time_ms:.4g}",
+                     ratio(auto.vs_paper_fp32, ".2f"), ratio(auto.vs_paper_bf16, ".3f"),
+                     f"{auto.rel_err:.1e}", f"{fp32.rel_err:.1e}",
+                     "skipped" if bf16 is None else f"{bf16.rel_err:.1e}",
+                     *(ratio(by[m].vs_paper_fp32, ".2f") for m in columns)])  # fmt: skip
+    head = ["shape", "dtype", "input", "σ_max/c", "`auto` ms", "÷ paper fp32", "÷ paper bf16",
+            "`auto` error", "paper fp32 error", "paper bf16 error",
+            *(f"`{m}` ÷ paper fp32" for m in columns)]  # fmt: skip
+    return markdown_table(head, rows, "lll" + "r" * (len(head) - 3))
+
+
+def _ops(name: str, what: str) -> Callable[[Path], str]:
+    """A table of the stored ``spectra bench ops`` run ``name``: ``cells`` (:func:`ops_table`)
+    or ``summary`` (per method, as the command prints it)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.ops_report import sizes_table, summary
+
+        cells = _ops_cells(root, name)
+        return {"cells": ops_table, "summary": summary, "sizes": sizes_table}[what](cells)
+
+    return make
+
+
+def _gpu_model(root: Path) -> str:
+    """The stored H100 flop and launch model's table (``spectra bench gpu-model``)."""
+    from spectra_lab.estimate.gpu_model import format_report
+
+    return "\n".join(format_report(_json(root, "docs/data/gpu_model_h100.json")).splitlines()[2:])
+
+
+def _gpu_summary(root: Path) -> str:
+    """The summary of the latest stored GPU check (``make gpu-check``)."""
+    from spectra_lab.gpucheck.check import markdown_summary
+
+    return markdown_summary(root / "docs" / "data" / "gpu").rstrip()
+
+
+MIB = 1 << 20
+#: The layouts of ``spectra bench dist``'s traffic tables, in their columns' order.
+DIST_LAYOUTS = ("ddp", "fsdp2-whole", "fsdp2-gram", "tp", "2d")
+
+
+def _table(header: list[str], rows: list[list[str]], align: str) -> str:
+    from spectra_lab.bench.tables import markdown_table
+
+    return markdown_table(header, rows, align).rstrip()
+
+
+def dist_timing(root: Path) -> str:
+    """``spectra bench dist``'s step times, unsplit and split, and their ratio."""
+    timing = _json(root, "docs/data/bench_dist_cpu.json")["timing"]
+    rows = [[str(r["procs"]), str(r["threads"]), f"{r['unsplit']:.3f}", f"{r['split']:.3f}",
+             f"{r['ratio']:.2f}"] for r in timing]  # fmt: skip
+    head = ["processes", "threads each", "unsplit step (s)", "split step (s)", "split ÷ unsplit"]
+    return _table(head, rows, "rrrrr")
+
+
+def dist_volume(root: Path) -> str:
+    """The modelled MiB per rank and step of DDP and FSDP2, with and without SPECTRA."""
+    volume = _json(root, "docs/data/bench_dist_cpu.json")["volume"]
+    keys = ("ddp_allreduce", "ddp_split", "fsdp2_own", "fsdp2_spectral")
+    rows = [[v["preset"], str(v["n"]), *(f"{v[k] / MIB:.0f} MiB" for k in keys)] for v in volume]
+    head = ["preset", "N", "DDP gradient all-reduce `2(N−1)/N·P`", "+ the split `(N−1)/N·M`",
+            "FSDP2's own `3(N−1)/N·P`", "+ whole matrices `M`"]  # fmt: skip
+    return _table(head, rows, "lrrrrr")
+
+
+def dist_traffic(root: Path) -> str:
+    """MiB received per rank in one step, counted (modelled), by layout and process count."""
+    traffic = _json(root, "docs/data/bench_dist_traffic.json")["traffic"]
+    rows = []
+    for n in sorted({r["procs"] for r in traffic}):
+        cells = []
+        for layout in DIST_LAYOUTS:
+            r = next((r for r in traffic if r["procs"] == n and r["layout"] == layout), None)
+            got = None if r is None else sum(r["received"]) / len(r["received"])
+            cells.append("–" if r is None else f"{got / MIB:.3f} ({r['model'] / MIB:.3f})")
+        rows.append([str(n), *cells])
+    head = ["processes", "DDP split", "FSDP2, whole matrices", "FSDP2, Gram route", "TP",
+            "2-D (2 × N/2)"]  # fmt: skip
+    return _table(head, rows, "rrrrrr")
+
+
+def dist_traffic_model(root: Path) -> str:
+    """The traffic model's MiB per rank at the paper's sizes, by layout."""
+    model = _json(root, "docs/data/bench_dist_traffic.json")["traffic_model"]
+    rows = [[r["preset"], str(r["n"]), *(f"{r[x] / MIB:.0f}" for x in DIST_LAYOUTS)]
+            for r in model]  # fmt: skip
+    head = ["preset", "N", "DDP split", "FSDP2, whole matrices", "FSDP2, Gram route", "TP", "2-D"]
+    return _table(head, rows, "lrrrrrr")
+
+
+#: Every block outside the study, by key: what renders it from the files under the root.
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "gpu:runs": _gpu_runs,
+    "gpu:summary": _gpu_summary,
+    "data:machines": _machines,
+    "data:main-job": main_job_table,
+    "data:main-job-paired": main_job_paired,
+    "data:main-job-mixed": main_job_mixed,
+    "data:gpu-model-h100": _gpu_model,
+    "data:bench-dist-timing": dist_timing,
+    "data:bench-dist-volume": dist_volume,
+    "data:bench-dist-traffic": dist_traffic,
+    "data:bench-dist-traffic-model": dist_traffic_model,
+    **{f"data:{name.replace('_', '-')}": _bench_optim(name) for name in (
+        "bench_optim_cpu_2threads", "bench_optim_memory_cpu_2threads",
+        "bench_optim_memory_cpu_1thread", "bench_optim_peers_cpu_2threads",
+        "bench_optim_cpu_native_bf16_2threads")},
+    "data:bench-ops-cpu": _ops("bench_ops_cpu", "cells"),
+    **{f"data:{name.replace('_', '-')}-summary": _ops(name, "summary") for name in (
+        "bench_ops_cpu", "bench_ops_cpu_recorded")},
+    "data:bench-ssc-vs-orth-cpu": _ops("bench_ssc_vs_orth_cpu", "sizes"),
+    **{f"data:{name.replace('_', '-')}": _bench_step(name) for name in (
+        "bench_step_main_job_2threads", "bench_step_main_job_1thread")},
+}  # fmt: skip
