@@ -22,14 +22,14 @@ STRAYS = {
     "docs/baselines.md": 47,
     "docs/diagnostics.md": 59,
     "docs/distributed.md": 7,
-    "docs/evaluation.md": 16,
+    "docs/evaluation.md": 6,
     "docs/gpu.md": 76,
     "docs/machines.md": 0,
     "docs/operators.md": 563,
     "docs/optimizers.md": 72,
     "docs/results.md": 78,
     "docs/scale.md": 119,
-    "docs/synthetic.md": 201,
+    "docs/synthetic.md": 99,
     "docs/training.md": 48,
 }
 

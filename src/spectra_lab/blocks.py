@@ -221,6 +221,105 @@ def dist_traffic_model(root: Path) -> str:
     return _table(head, rows, "lrrrrrr")
 
 
+def diagnostics_gradients(root: Path) -> str:
+    """σ_max / median σ of the gradient of each recorded layer of the main job's AdamW run, at
+    each recorded step (``spectra analyze spectra``)."""
+    layers = _json(root, "results/diagnostics/adamw/spectra.json")["layers"]
+    steps = [r["step"] for r in next(iter(layers.values()))["records"]]
+    rows = [[f"`{layer.removesuffix('.weight')}`",
+             *(f"{r['grad']['max_over_median']:.0f}" for r in x["records"])]
+            for layer, x in layers.items()]  # fmt: skip
+    return _table(["layer", *(f"step {s}" for s in steps)], rows, "l" + "r" * len(steps))
+
+
+def evaluation(root: Path) -> str:
+    """The main job's downstream scores (``spectra eval``): seed 1337's, and mean ± std over
+    its seeds, of AdamW and Spectra-AdamW."""
+    import csv
+
+    scores: dict[tuple[str, str], dict[int, float]] = {}
+    folder = root / "results" / "main-job" / "downstream"
+    files = sorted(folder.glob("*.csv"))
+    if not files:
+        raise FileNotFoundError("results/main-job/downstream/*.csv are missing")
+    for f in files:
+        opt, seed = f.stem.split(",")
+        with open(f) as fh:
+            for r in csv.DictReader(fh):
+                key = (opt.removeprefix("optimizer="), r["metric"])
+                scores.setdefault(key, {})[int(seed.removeprefix("seed="))] = float(r["value"])
+    rows = []
+    for metric, fmt in (("acc", ".4f"), ("perplexity", ".0f")):
+        cells = [f"{scores[(o, metric)][1337]:{fmt}}" for o in ("adamw", "spectra-adamw")]
+        for o in ("adamw", "spectra-adamw"):
+            vals = list(scores[(o, metric)].values())
+            cells.append(f"{statistics.fmean(vals):{fmt}} ± {statistics.stdev(vals):{fmt}}")
+        rows.append(["shakespeare_lambada", metric, "0", *cells])
+    head = ["task", "metric", "shots", "AdamW, seed 1337", "SPECTRA-AdamW, seed 1337",
+            "AdamW, 3 seeds", "SPECTRA-AdamW, 3 seeds"]  # fmt: skip
+    return _table(head, rows, "llrrrrr")
+
+
+def _short(x: float) -> str:
+    """A step size or a small loss as the synthetic pages write it: ``3.16``, ``0.1``,
+    ``1e-4``, ``3.2e-5``."""
+    if 0.01 <= x < 1000:
+        return f"{x:.3g}"
+    mantissa, exp = f"{x:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exp)}"
+
+
+def _loss(x: float) -> str:
+    return f"{x:.3f}" if x >= 0.1 else f"{x:.1e}".replace("e-0", "e-")
+
+
+def _residual(x: float) -> str:
+    return f"{x:.2f}" if x >= 0.1 else f"{x:.1e}".replace("e-0", "e-")
+
+
+SPIKE_METHODS = {"sgd": "SGD", "sgd_global_clip": "SGD + global clip",
+                 "sgd_spectral_clip": "SGD + spectral clip", "sgdm": "SGD-M",
+                 "sgdm_pre_clip": "SGD-M + pre-clip"}  # fmt: skip
+
+
+def synth_spikes(root: Path) -> str:
+    """``spectra synth spikes``, seed 0: each method's chosen η₀ → final training loss, and
+    the largest η₀ that did not diverge in brackets, by spike size ℓ."""
+    chosen = _json(root, "results/synth/spikes_summary.json")["chosen"]
+    scales = sorted({c["scale"] for c in chosen})
+    rows = []
+    for method, label in SPIKE_METHODS.items():
+        cells = []
+        for scale in scales:
+            c = next(c for c in chosen if c["method"] == method and c["scale"] == scale)
+            edge = " (grid edge)" if c["best_at_grid_edge"] else ""
+            cells.append(f"{_short(c['best_eta0'])} → {_loss(c['best_final_loss'])} "
+                         f"[{_short(max(c['converging_eta0']))}]{edge}")  # fmt: skip
+        rows.append([label, *cells])
+    return _table(["method", *(f"ℓ = {s:g}" for s in scales)], rows, "llll")
+
+
+def synth_fw(root: Path) -> str:
+    """``spectra synth fw``, seed 0: the optimum of each (D₂, b) and the full-batch
+    Frank–Wolfe run towards it (residuals, the theorem's bound, the iterates' norms)."""
+    fw = _json(root, "results/synth/fw_summary.json")
+    rows = []
+    for o in fw["optimum"]:
+        point = (o["radius"], o["b"])
+        r = next(r for r in fw["runs"] if r["mode"] == "full" and (r["radius"], r["b"]) == point)
+        final = "≤ 1e-15" if r["residual_final"] < 1e-15 else f"{r['residual_final']:.1e}"
+        value = f"{o['value']:.4f}" if o["value"] > 1e-3 else f"{o['value']:.1e}"
+        fro = f"{o['frobenius_norm']:.{3 if o['frobenius_norm'] < 10 else 2}f}"
+        rows.append([f"{o['radius']:g}", f"{o['b']:g}", value.replace("e-0", "e-"),
+                     f"{o['spectral_norm']:.3f}", fro,
+                     _residual(r["residual_first"]), final.replace("e-0", "e-"),
+                     _residual(r["theorem_bound_final"]), f"{r['max_spectral_norm']:#.3g}",
+                     f"{r['final_test_loss']:#.3g}"])  # fmt: skip
+    head = ["D₂", "b", "F\\*", "‖X\\*‖₂", "‖X\\*‖_F", "residual k=1", "residual k=2000",
+            "2L_F D_F²/(K+1)", "max_k ‖X_k‖₂", "test loss at k=2000"]  # fmt: skip
+    return _table(head, rows, "")
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -231,6 +330,10 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:main-job-mixed": main_job_mixed,
     "data:gpu-model-h100": _gpu_model,
     "data:bench-dist-timing": dist_timing,
+    "data:diagnostics-gradients": diagnostics_gradients,
+    "data:evaluation": evaluation,
+    "data:synth-spikes": synth_spikes,
+    "data:synth-fw": synth_fw,
     "data:bench-dist-volume": dist_volume,
     "data:bench-dist-traffic": dist_traffic,
     "data:bench-dist-traffic-model": dist_traffic_model,
