@@ -88,10 +88,12 @@ def test_fill_and_extract_handle_line_and_inline_blocks():
 
 def _tree(tmp_path: Path) -> Path:
     """A copy of what the pages' blocks read: the pages and their data."""
-    for rel in ("README.md", "docs", "results/main-job", "results/main-job-mixed"):
+    data = ("results/main-job", "results/main-job-mixed", "results/diagnostics", "results/synth")
+    for rel in ("README.md", "docs", *data):
         src, dst = ROOT / rel, tmp_path / rel
         if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("runs", "repro", "*.png"))
+            skip = shutil.ignore_patterns("runs", "repro", "ckpt", "*.png", "*.pt", "*.csv.gz")
+            shutil.copytree(src, dst, ignore=skip)
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dst)
