@@ -6,6 +6,7 @@ writing the block's Markdown. :data:`BLOCKS` maps each block's key to its functi
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -263,8 +264,11 @@ def evaluation(root: Path) -> str:
 def _short(x: float) -> str:
     """A step size or a small loss as the synthetic pages write it: ``3.16``, ``0.1``,
     ``1e-4``, ``3.2e-5``."""
-    if 0.01 <= x < 1000:
-        return f"{x:.3g}"
+    return f"{x:.3g}" if 0.01 <= x < 1000 else _lr(x)
+
+
+def _lr(x: float) -> str:
+    """A learning rate as ``4e-3`` or ``3.2e-2``."""
     mantissa, exp = f"{x:.1e}".split("e")
     return f"{mantissa.removesuffix('.0')}e{int(exp)}"
 
@@ -320,6 +324,45 @@ def synth_fw(root: Path) -> str:
     return _table(head, rows, "")
 
 
+#: The rows of the μP lr-transfer table: label → (optimizer, parametrization, lr/m).
+LR_TRANSFER_ROWS = {
+    "AdamW, standard": ("adamw", "standard", True),
+    "AdamW, μP": ("adamw", "mup", True),
+    "Spectra-AdamW, standard": ("spectra-adamw", "standard", True),
+    "Spectra-AdamW, μP (lr/m)": ("spectra-adamw", "mup", True),
+    "Spectra-AdamW, μP multipliers, one lr": ("spectra-adamw", "mup", False),
+}
+
+
+def lr_transfer(root: Path) -> str:
+    """``experiments/mup/lr-transfer.yaml``: each method's best lr per width (mean ± std of the
+    final loss over the seeds there), whether it sits at the edge of the grid, and how it moves
+    with the width."""
+    results = _json(root, "results/mup/lr-transfer/results.json")
+
+    def key(point: dict) -> tuple:
+        return point["optimizer"], point["parametrization"], point.get("mup_lr_scaling", True)
+
+    best = {(key(b["point"]), b["point"]["d_model"]): b for b in results["best"]}
+    widths = sorted({w for _, w in best})
+    rows = []
+    for label, method in LR_TRANSFER_ROWS.items():
+        cells, lrs = [], []
+        for w in widths:
+            b = best[method, w]
+            grid = [r["point"]["lr"] for r in results["runs"]
+                    if key(r["point"]) == method and r["point"]["d_model"] == w]  # fmt: skip
+            edge = "; grid edge" if b["lr"] in (min(grid), max(grid)) else ""
+            cells.append(f"{_lr(b['lr'])} ({b['mean']:.3f} ± {b['std']:.3f}{edge})")
+            lrs.append(b["lr"])
+        steps = [b / a for a, b in itertools.pairwise(lrs)]
+        moves = ("**stays**" if all(s == 1 for s in steps) else
+                 "halves per doubling" if all(s == 0.5 for s in steps) else
+                 "grows" if all(s >= 1 for s in steps) else "moves")  # fmt: skip
+        rows.append([label, *cells, moves])
+    return _table(["method", *(f"width {w}" for w in widths), "best lr moves?"], rows, "")
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -334,6 +377,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:evaluation": evaluation,
     "data:synth-spikes": synth_spikes,
     "data:synth-fw": synth_fw,
+    "data:mup-lr-transfer": lr_transfer,
     "data:bench-dist-volume": dist_volume,
     "data:bench-dist-traffic": dist_traffic,
     "data:bench-dist-traffic-model": dist_traffic_model,
