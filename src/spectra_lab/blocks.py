@@ -363,6 +363,58 @@ def lr_transfer(root: Path) -> str:
     return _table(["method", *(f"width {w}" for w in widths), "best lr moves?"], rows, "")
 
 
+def _span(cells: list, method: str) -> str:
+    vals = [c.vs_paper_bf16 for c in cells if c.method == method]
+    return f"{min(vals):.2f}–{max(vals):.2f}"
+
+
+def _worst(cells: list, method: str) -> str:
+    return f"≤ {max(c.rel_err for c in cells if c.method == method):.1e}"
+
+
+def ops_native(root: Path) -> str:
+    """``spectra bench ops`` on the CPU with native bf16 units: each method's time ÷ the
+    paper's bf16 run and its error (float32 input), one row per synthetic input and one per
+    shape of recorded training directions (their range, and the worst error)."""
+    cells = _ops_cells(root, "bench_ops_cpu_native_bf16")
+    methods = ("auto", "eigh", "polar")
+    rows = []
+    for shape in dict.fromkeys(c.shape for c in cells):
+        mine = [c for c in cells if c.shape == shape]
+        synthetic = [i for i in dict.fromkeys(c.input for c in mine) if "@" not in i]
+        for kind in synthetic:
+            by = {c.method: c for c in mine if c.input == kind}
+            label = "Adam-like spike" if kind == "adam_spike" else kind
+            rows.append([shape.replace("x", "×"), label,
+                         *(f"{by[m].vs_paper_bf16:.2f}" for m in methods),
+                         *(f"{by[m].rel_err:.1e}" for m in (*methods, "paper_bf16"))])  # fmt: skip
+        recorded = [c for c in mine if "@" in c.input]
+        if recorded:
+            count = len({c.input for c in recorded})
+            rows.append([shape.replace("x", "×"), f"recorded ({count})",
+                         *(_span(recorded, m) for m in methods),
+                         *(_worst(recorded, m) for m in (*methods, "paper_bf16"))])  # fmt: skip
+    head = ["shape", "input", "`auto` (`mixed`) ÷ paper bf16", "`eigh` ÷ paper bf16",
+            "`polar` ÷ paper bf16", "`auto` error", "`eigh` error", "`polar` error",
+            "paper bf16 error"]  # fmt: skip
+    return _table(head, rows, "llrrrrrrr")
+
+
+def ops_native_medians(root: Path) -> str:
+    """The medians over the native-bf16 run's cells of each method's time ÷ the paper's bf16
+    run."""
+    cells = _ops_cells(root, "bench_ops_cpu_native_bf16")
+
+    def median(m: str) -> str:
+        return f"{statistics.median(c.vs_paper_bf16 for c in cells if c.method == m):.2f}"
+
+    n = len([c for c in cells if c.method == "auto"])
+    return (f"Medians over the {n} cells, ÷ the paper's bf16 run: `auto` {median('auto')}, "
+            f"`mixed` {median('mixed')} (the same method, timed apart), `eigh` "
+            f"{median('eigh')}, `polar` {median('polar')}, the paper's float32 run "
+            f"{median('paper_fp32')}.")  # fmt: skip
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -378,6 +430,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:synth-spikes": synth_spikes,
     "data:synth-fw": synth_fw,
     "data:mup-lr-transfer": lr_transfer,
+    "data:bench-ops-native": ops_native,
+    "data:bench-ops-native-medians": ops_native_medians,
     "data:bench-dist-volume": dist_volume,
     "data:bench-dist-traffic": dist_traffic,
     "data:bench-dist-traffic-model": dist_traffic_model,
