@@ -153,38 +153,8 @@ def sci(x: float) -> str:
     return f"{mant}e{int(exp)}"
 
 
-def test_operator_summary_table_is_the_stored_bench_ops_runs():
-    def rng(cells, key, fmt):
-        vals = [c[key] for c in cells]
-        return f"{min(vals):{fmt}}–{max(vals):{fmt}}"
-
-    def at_most(cells, key="rel_err"):
-        return f"≤ {sci(max(c[key] for c in cells))}"
-
-    rows = {
-        "recorded training directions": ("recorded", {}),
-        "synthetic sign / Gaussian, 768² to 2048²": ("synthetic", {"input": ("sign", "gauss")}),
-        "stress: spike at σ = 10³·c": ("synthetic", {"input": ("adam_spike",)}),
-    }
-    readme = text("docs/operators.md")
-    for label, (which, match) in rows.items():
-        auto = ops_cells(which, method=("auto",), **match)
-        fp32 = {m: ops_cells(which, method=(m,), dtype=("fp32",), **match)
-                for m in ("auto", "paper_fp32", "paper_bf16")}  # fmt: skip
-        # the rows of the CPU without bf16 units (the native rows: test_native_bf16_figures_...)
-        row = next(line for line in readme.splitlines()
-                   if line.startswith(f"| {label} | emulated"))  # fmt: skip
-        cells = [c.strip() for c in row.split("|")[3:-1]]
-        assert cells[0] == rng(auto, "vs_paper_bf16", ".2f"), row
-        assert cells[1] == at_most(fp32["auto"]), row
-        for cell, m in zip(cells[2:], ("paper_fp32", "paper_bf16"), strict=True):
-            worst = max(c["rel_err"] for c in fp32[m])
-            expect = at_most(fp32[m]) if worst < 1e-2 and m == "paper_fp32" else None
-            if expect is None:
-                lo = min(c["rel_err"] for c in fp32[m])
-                expect = (f"{lo:.2f}–{worst:.2f}" if lo > 0.1
-                          else f"{sci(lo)} – {sci(worst)}")  # fmt: skip
-            assert cell == expect, (row, cell, expect)
+def test_the_papers_misses_of_the_accuracy_bar_are_the_stored_cells():
+    # (the summary table is a generated block, data:bench-ops-in-short)
     misses = [c for c in ops_cells("recorded", method=("paper_bf16",)) if c["rel_err"] > 1e-2]
     assert_quoted(f"misses the 1e-2 accuracy bar on {len(misses)} of the 36 recorded cells",
                   "docs/operators.md")  # fmt: skip

@@ -415,6 +415,80 @@ def ops_native_medians(root: Path) -> str:
             f"{median('paper_fp32')}.")  # fmt: skip
 
 
+def _sci(x: float) -> str:
+    """``4.9e-6``: one decimal, the exponent without a leading zero."""
+    mantissa, exp = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exp)}"
+
+
+def _errors(cells: list, method: str) -> str:
+    """The errors of ``method``'s float32-input cells: ``≤ worst`` where all are below 1e-2
+    for the paper's float32 run, else their range."""
+    errs = [c.rel_err for c in cells if c.method == method and c.dtype == "fp32"]
+    lo, hi = min(errs), max(errs)
+    if method in ("auto", "paper_fp32") and hi < 1e-2:
+        return f"≤ {_sci(hi)}"
+    return f"{lo:.2f}–{hi:.2f}" if lo > 0.1 else f"{_sci(lo)} – {_sci(hi)}"
+
+
+def ops_in_short(root: Path) -> str:
+    """``auto`` against the paper's Algorithm 1 on the two CPUs, by kind of input: its time ÷
+    the paper's bf16 run (range over the cells), its error and the paper's two runs' errors
+    (float32 inputs)."""
+    recorded = _ops_cells(root, "bench_ops_cpu_recorded")
+    synthetic = _ops_cells(root, "bench_ops_cpu_synthetic")
+    native = _ops_cells(root, "bench_ops_cpu_native_bf16")
+
+    def pick(cells: list, inputs: tuple[str, ...] | None) -> list:
+        return [c for c in cells if ("@" in c.input if inputs is None else c.input in inputs)]
+
+    def row(label: str, cpu: str, cells: list) -> list[str]:
+        auto = [c for c in cells if c.method == "auto"]
+        return [label, cpu, _span(cells, "auto"), _errors(auto, "auto"),
+                _errors(cells, "paper_fp32"), _errors(cells, "paper_bf16")]  # fmt: skip
+
+    nat_rec = pick(native, None)
+    n_rec = len([c for c in recorded if c.method == "auto"])
+    n_nat = len([c for c in nat_rec if c.method == "auto"])
+    rows = [
+        row("recorded training directions", f"emulated ({n_rec} cells)", recorded),
+        # the paper's errors on float32 inputs do not depend on the CPU: the emulated run's
+        [*row("", f"native, AMX ({n_nat} cells)", nat_rec)[:4],
+         _errors(recorded, "paper_fp32"), _errors(recorded, "paper_bf16")],
+        row("synthetic sign / Gaussian, 768² to 2048²", "emulated",
+            pick(synthetic, ("sign", "gauss"))),
+        row("synthetic sign, 768² to 2048²", "native, AMX", pick(native, ("sign",))),
+        row("stress: spike at σ = 10³·c", "emulated", pick(synthetic, ("adam_spike",))),
+        row("", "native, AMX", pick(native, ("adam_spike",))),
+    ]  # fmt: skip
+    head = ["inputs", "CPU bf16", "`auto` time ÷ paper bf16", "`auto` error", "paper fp32 error",
+            "paper bf16 error (errors: float32 input)"]  # fmt: skip
+    return _table(head, rows, "llrrrr")
+
+
+def _range(vals: list[float], fmt: str = ".2f") -> str:
+    lo, hi = min(vals), max(vals)
+    return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def ops_synthetic(root: Path) -> str:
+    """The synthetic inputs at the 124M shapes, paper bf16 included: each method's time ÷ the
+    paper's runs (range over the cells) and its error on float32 inputs, for the unspiked
+    inputs (σ_max/c of a few) and the spiked one (σ_max/c = 10³)."""
+    cells = _ops_cells(root, "bench_ops_cpu_synthetic")
+    rows = []
+    for method in dict.fromkeys(c.method for c in cells):
+        for label, inputs in (("sign, gauss", ("sign", "gauss")), ("adam_spike", ("adam_spike",))):
+            mine = [c for c in cells if c.method == method and c.input in inputs]
+            errs = [c.rel_err for c in mine if c.dtype == "fp32"]
+            err = (f"{_sci(min(errs))} – {_sci(max(errs))}" if max(errs) < 0.1
+                   else _range(errs))  # fmt: skip
+            rows.append([method, label, _range([c.vs_paper_bf16 for c in mine]),
+                         _range([c.vs_paper_fp32 for c in mine]), err])  # fmt: skip
+    return _table(["method", "input", "× paper bf16", "× paper fp32", "error, fp32 input"], rows,
+                  "llrrr")  # fmt: skip
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -431,6 +505,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:synth-fw": synth_fw,
     "data:mup-lr-transfer": lr_transfer,
     "data:bench-ops-native": ops_native,
+    "data:bench-ops-in-short": ops_in_short,
+    "data:bench-ops-synthetic": ops_synthetic,
     "data:bench-ops-native-medians": ops_native_medians,
     "data:bench-dist-volume": dist_volume,
     "data:bench-dist-traffic": dist_traffic,
