@@ -88,8 +88,7 @@ def test_fill_and_extract_handle_line_and_inline_blocks():
 
 def _tree(tmp_path: Path) -> Path:
     """A copy of what the pages' blocks read: the pages and their data."""
-    data = ("results/main-job", "results/main-job-mixed", "results/diagnostics", "results/synth")
-    for rel in ("README.md", "docs", *data):
+    for rel in ("README.md", "docs", "results"):
         src, dst = ROOT / rel, tmp_path / rel
         if src.is_dir():
             skip = shutil.ignore_patterns("runs", "repro", "ckpt", "*.png", "*.pt", "*.csv.gz")
