@@ -489,6 +489,17 @@ def ops_synthetic(root: Path) -> str:
                   "llrrr")  # fmt: skip
 
 
+def polar_flops(root: Path) -> str:
+    """``spectra bench ops --flops``: the matrix-product flops of ``polar`` against the
+    paper's Algorithm 1 and Muon's five steps at the 124M shapes (computed, not measured:
+    ``polar``'s step count K is the one it takes on each input)."""
+    from spectra_lab.bench.flops import flop_table
+
+    shapes = {"768x768": (768, 768), "768x3072": (768, 3072), "2048x2048": (2048, 2048),
+              "8x512x512": (8, 512, 512)}  # fmt: skip
+    return flop_table(shapes, ("adam_spike", "sign", "gauss")).rstrip()
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -507,6 +518,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:bench-ops-native": ops_native,
     "data:bench-ops-in-short": ops_in_short,
     "data:bench-ops-synthetic": ops_synthetic,
+    "data:polar-flops": polar_flops,
     "data:bench-ops-native-medians": ops_native_medians,
     "data:bench-dist-volume": dist_volume,
     "data:bench-dist-traffic": dist_traffic,
