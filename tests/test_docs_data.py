@@ -153,13 +153,6 @@ def sci(x: float) -> str:
     return f"{mant}e{int(exp)}"
 
 
-def test_the_papers_misses_of_the_accuracy_bar_are_the_stored_cells():
-    # (the summary table is a generated block, data:bench-ops-in-short)
-    misses = [c for c in ops_cells("recorded", method=("paper_bf16",)) if c["rel_err"] > 1e-2]
-    assert_quoted(f"misses the 1e-2 accuracy bar on {len(misses)} of the 36 recorded cells",
-                  "docs/operators.md")  # fmt: skip
-
-
 def test_diagnostics_noise_and_norms_quoted_from_the_stored_runs():
     noise = data("results/diagnostics/noise/noise.json")
     recs = [r for x in noise["layers"].values() for r in x["records"]]
@@ -496,7 +489,6 @@ def test_gpu_check_summary_has_the_780m_table_with_or_without_its_tf32_half(tmp_
 
 
 def test_native_bf16_figures_are_the_stored_runs():
-    import statistics
 
     ops = data("docs/data/bench_ops_cpu_native_bf16.json")
     assert ops["cpu_bf16"].startswith("native")
@@ -514,11 +506,6 @@ def test_native_bf16_figures_are_the_stored_runs():
         worst = max(c["rel_err"] for c in cells if c["method"] == "auto"
                     and (kind in c["input"] if kind == "@" else c["input"] == kind))  # fmt: skip
         assert f"| ≤ {sci(worst)} |" in row, row
-    medians = {m: statistics.median(c["vs_paper_bf16"] for c in cells if c["method"] == m)
-               for m in ("auto", "polar", "mixed")}  # fmt: skip
-    assert_quoted(f"its median is {medians['auto']:.2f}× the paper's bf16 run "
-                  f"(`polar` {medians['polar']:.2f}×", "docs/operators.md")  # fmt: skip
-    assert_quoted(f"error, {medians['mixed']:.2f}×)", "docs/operators.md")
     rate = ops["matmul_gflops"]["bf16"] / ops["matmul_gflops"]["fp32"]
     assert_quoted(f"run at {rate:.1f}× the float32 rate", "docs/operators.md")
 

@@ -500,6 +500,36 @@ def polar_flops(root: Path) -> str:
     return flop_table(shapes, ("adam_spike", "sign", "gauss")).rstrip()
 
 
+def ops_misses(root: Path) -> str:
+    """How many recorded cells the paper's bf16 run misses the 1e-2 accuracy bar on."""
+    cells = [c for c in _ops_cells(root, "bench_ops_cpu_recorded") if c.method == "paper_bf16"]
+    return f"{sum(c.rel_err > 1e-2 for c in cells)} of the {len(cells)}"
+
+
+def _latest_gpu(root: Path, gpu: str) -> Path:
+    """The folder of the latest stored GPU run of ``gpu`` (``"H100"``, ``"H200"``)."""
+    runs = [r for r in _json(root, "docs/data/gpu/runs.json")["runs"] if gpu in r["gpu"]]
+    if not runs:
+        raise FileNotFoundError(f"no stored {gpu} run in docs/data/gpu/runs.json")
+    return root / "docs" / "data" / "gpu" / max(runs, key=lambda r: r["date"])["folder"]
+
+
+def gpu_ops(root: Path) -> str:
+    """``auto`` against the paper's bf16 run on the latest H200 and H100 runs of ``make
+    gpu-check`` (median over the cells, plain and with TF32) and its worst float32 error."""
+    from spectra_lab.gpucheck.check import ops_figures
+
+    h200, h100 = _latest_gpu(root, "H200"), _latest_gpu(root, "H100")
+    a, a32 = (ops_figures(h200 / f"{p}.json")["auto"] for p in ("bench_ops", "bench_ops_tf32"))
+    b, b32 = (ops_figures(h100 / f"{p}.json")["auto"] for p in ("bench_ops", "bench_ops_tf32"))
+    n = len(json.loads((h200 / "bench_ops.json").read_text())["cells"]) // len(
+        {c["method"] for c in json.loads((h200 / "bench_ops.json").read_text())["cells"]}
+    )
+    return (f"`auto` takes {a[0]:.2f}× the paper's bf16 run on the H200 (median of {n} cells; "
+            f"{a32[0]:.2f}× with TF32) at ≤ {_sci(a[1])} error on float32 inputs, and "
+            f"{b[0]:.2f}× ({b32[0]:.2f}×) on the H100")  # fmt: skip
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -519,6 +549,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:bench-ops-in-short": ops_in_short,
     "data:bench-ops-synthetic": ops_synthetic,
     "data:polar-flops": polar_flops,
+    "data:bench-ops-misses": ops_misses,
+    "gpu:ops": gpu_ops,
     "data:bench-ops-native-medians": ops_native_medians,
     "data:bench-dist-volume": dist_volume,
     "data:bench-dist-traffic": dist_traffic,
