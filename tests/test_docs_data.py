@@ -288,30 +288,13 @@ def test_main_job_step_ratios_are_the_stored_bench_step_runs():
                   "docs/operators.md")  # fmt: skip
 
 
-def test_main_job_on_the_cpu_with_bf16_units_is_the_stored_run():
-    report = data("docs/data/bench_step_main_job_native_bf16_2threads.json")
-    rows = {r["name"]: r for r in report["rows"]}
-    a, s = rows["adamw"], rows["spectra-adamw"]
-    d = s["optimizer_ms"] - a["optimizer_ms"]
-    ratio = (a["total_ms"] + d) / a["total_ms"]
-    assert_quoted(f"gave optimizer steps of {s['optimizer_ms']:.1f} against "
-                  f"{a['optimizer_ms']:.1f} ms (the optimizers stepping in turn): the clip adds "
-                  f"{d:.1f} ms, which on AdamW's {a['total_ms']:.1f} ms training step is "
-                  f"**{ratio:.3f}×**", "docs/operators.md")  # fmt: skip
-
-
 def test_main_job_runs_step_ratio_is_the_stored_pairs():
     pairs = data("docs/data/main_job_step_ratio.json")["pairs"]
     assert [p["spectra"]["soft_clip_auto"] for p in pairs] == ["mixed", "mixed"]
-    (one, two) = pairs
+    # (the page's phrase is a generated block, data:step-ratio-main-job)
     for p in pairs:
         added = p["spectra"]["optimizer_ms"] - p["base"]["optimizer_ms"]
         assert p["by_optimizer_time"] == pytest.approx(1 + added / p["base"]["step_ms"])
-    assert_quoted(f"the optimizer steps' medians are {one['spectra']['optimizer_ms']:.1f} and "
-                  f"{two['spectra']['optimizer_ms']:.1f} ms against "
-                  f"{one['base']['optimizer_ms']:.1f} and {two['base']['optimizer_ms']:.1f} ms: "
-                  f"**{one['by_optimizer_time']:.3f}× and {two['by_optimizer_time']:.3f}×**",
-                  "docs/operators.md")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- optimizer step

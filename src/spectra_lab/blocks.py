@@ -530,6 +530,35 @@ def gpu_ops(root: Path) -> str:
             f"{b[0]:.2f}× ({b32[0]:.2f}×) on the H100")  # fmt: skip
 
 
+def step_ratio_native(root: Path) -> str:
+    """The main job's step on the CPU with bf16 units (``spectra bench step``): Spectra-AdamW's
+    optimizer step against its AdamW twin's, and the ratio it gives the training step."""
+    rows = {r["name"]: r for r in _json(
+        root, "docs/data/bench_step_main_job_native_bf16_2threads.json")["rows"]}  # fmt: skip
+    a, s = rows["adamw"], rows["spectra-adamw"]
+    added = s["optimizer_ms"] - a["optimizer_ms"]
+    return (f"optimizer steps of {s['optimizer_ms']:.1f} against {a['optimizer_ms']:.1f} ms (the "
+            f"optimizers stepping in turn): the clip adds {added:.1f} ms, which on AdamW's "
+            f"{a['total_ms']:.1f} ms training step is **{1 + added / a['total_ms']:.3f}×** (the "
+            f"totals, {s['total_ms']:.1f} against {a['total_ms']:.1f} ms, give "
+            f"{s['total_ms'] / a['total_ms']:.3f}×)")  # fmt: skip
+
+
+def step_ratio_main_job(root: Path) -> str:
+    """The main job's runs, Spectra-AdamW against AdamW alternately (``experiments/
+    step_ratio.py``): the medians of their optimizer steps and the ratios of their steps."""
+    pairs = _json(root, "docs/data/main_job_step_ratio.json")["pairs"]
+
+    def each(f: Callable[[dict], float], fmt: str) -> str:
+        return " and ".join(f"{f(p):{fmt}}" for p in pairs)
+
+    spectra = each(lambda p: p["spectra"]["optimizer_ms"], ".1f")
+    return (f"the optimizer steps' medians are {spectra}"
+            f" ms against {each(lambda p: p['base']['optimizer_ms'], '.1f')} ms: "
+            f"**{each(lambda p: p['by_optimizer_time'], '.3f')}×** by optimizer time. The steps' "
+            f"own medians give {each(lambda p: p['by_step'], '.3f')}×")  # fmt: skip
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -550,6 +579,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:bench-ops-synthetic": ops_synthetic,
     "data:polar-flops": polar_flops,
     "data:bench-ops-misses": ops_misses,
+    "data:step-ratio-native": step_ratio_native,
+    "data:step-ratio-main-job": step_ratio_main_job,
     "gpu:ops": gpu_ops,
     "data:bench-ops-native-medians": ops_native_medians,
     "data:bench-dist-volume": dist_volume,
@@ -558,11 +589,12 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     **{f"data:{name.replace('_', '-')}": _bench_optim(name) for name in (
         "bench_optim_cpu_2threads", "bench_optim_memory_cpu_2threads",
         "bench_optim_memory_cpu_1thread", "bench_optim_peers_cpu_2threads",
-        "bench_optim_cpu_native_bf16_2threads")},
+        "bench_optim_cpu_native_bf16_2threads", "bench_optim_main_job_native_bf16")},
     "data:bench-ops-cpu": _ops("bench_ops_cpu", "cells"),
     **{f"data:{name.replace('_', '-')}-summary": _ops(name, "summary") for name in (
         "bench_ops_cpu", "bench_ops_cpu_recorded")},
     "data:bench-ssc-vs-orth-cpu": _ops("bench_ssc_vs_orth_cpu", "sizes"),
     **{f"data:{name.replace('_', '-')}": _bench_step(name) for name in (
-        "bench_step_main_job_2threads", "bench_step_main_job_1thread")},
+        "bench_step_main_job_2threads", "bench_step_main_job_1thread",
+        "bench_step_main_job_native_bf16_2threads")},
 }  # fmt: skip
