@@ -559,6 +559,22 @@ def step_ratio_main_job(root: Path) -> str:
             f"own medians give {each(lambda p: p['by_step'], '.3f')}×")  # fmt: skip
 
 
+def gpu_peaks(root: Path) -> str:
+    """The dense peak TFLOP/s the trainer's MFU divides by, per GPU and precision
+    (``spectra_lab.train.throughput.GPUS``, from NVIDIA's datasheets)."""
+    from spectra_lab.train.throughput import GPUS
+
+    sources = {"h100": "NVIDIA H100 Tensor Core GPU datasheet",
+               "h200": "NVIDIA H200 Tensor Core GPU datasheet",
+               "a100": "NVIDIA A100 Tensor Core GPU datasheet"}  # fmt: skip
+    rows = []
+    for key, g in GPUS.items():
+        name = "A100, SXM or PCIe" if key == "a100" else g.name
+        rows.append([f"{name} (`{key}`)", f"{g.bf16:g}", f"{g.tf32:g}", f"{g.fp32:g}",
+                     sources.get(key, "same")])  # fmt: skip
+    return _table(["GPU", "bf16", "TF32", "FP32", "source"], rows, "lrrrl")
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -579,6 +595,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:bench-ops-synthetic": ops_synthetic,
     "data:polar-flops": polar_flops,
     "data:bench-ops-misses": ops_misses,
+    "data:gpu-peaks": gpu_peaks,
     "data:step-ratio-native": step_ratio_native,
     "data:step-ratio-main-job": step_ratio_main_job,
     "gpu:ops": gpu_ops,
