@@ -575,6 +575,62 @@ def gpu_peaks(root: Path) -> str:
     return _table(["GPU", "bf16", "TF32", "FP32", "source"], rows, "lrrrl")
 
 
+def gpu_peers(root: Path) -> str:
+    """The optimizer step beside the peers a GPU user would pick, from the stand-alone run
+    stored with the GPU check (``docs/data/gpu/peer_step.json``): median ms per size."""
+    stored = _json(root, "docs/data/gpu/peer_step.json")
+    sizes = list(dict.fromkeys(r["size"] for r in stored["results"]))
+    rows = []
+    for name in dict.fromkeys(r["row"] for r in stored["results"]):
+        by = {r["size"]: r["step_ms"] for r in stored["results"] if r["row"] == name}
+        rows.append([f"`{name}`", *(f"{by[s]:.1f}" if s in by else "–" for s in sizes)])
+    head = [f"step (ms, {stored['device']}, medians of 10)", *(s.upper() for s in sizes)]
+    return _table(head, rows, "l" + "r" * len(sizes))
+
+
+def gpu_tests(root: Path) -> str:
+    """The CUDA tests of the latest GPU check: how many passed of how many."""
+    tests = _json(root, "docs/data/gpu/tests.json")
+    return f"{tests['passed']} of {tests['tests']}"
+
+
+def gpu_train(root: Path) -> str:
+    """124M training in the latest GPU check: torch AdamW's eager step, and Spectra-AdamW's
+    tokens/s against it, eager and compiled."""
+    train = _json(root, "docs/data/gpu/train.json")
+    runs = {(r["optimizer"], r["compile"]): r for r in train["runs"]}
+    tokens = train["batch_size"] * 512
+    eager_ms = 1e3 * tokens / runs["torch-adamw", False]["tokens_per_s"]
+    ratio = {c: runs["spectra-adamw", c]["tokens_per_s_vs_torch_adamw"] for c in (False, True)}
+    return (f"At {tokens:,} tokens per step a 124M step takes about {eager_ms:.0f} ms under torch "
+            f"AdamW (eager); Spectra-AdamW runs at {ratio[False]:.2f}× torch AdamW's tokens/s "
+            f"eager and {ratio[True]:.2f}× compiled")  # fmt: skip
+
+
+def gpu_h100(root: Path) -> str:
+    """The latest stored H100 run: the 124M optimizer step against the paper's bf16 wrapper
+    (plain and with TF32), ``mixed``'s, and 124M training against torch AdamW."""
+    folder = _latest_gpu(root, "H100")
+    parts = json.loads((folder / "gpu_check.json").read_text())["parts"]
+    plain, tf32 = (parts[p]["vs_paper_bf16"] for p in ("bench_optim", "bench_optim_tf32"))
+    runs = json.loads((folder / "train.json").read_text())["runs"]
+    ratio = {r["compile"]: r["tokens_per_s_vs_torch_adamw"] for r in runs
+             if r["optimizer"] == "spectra-adamw"}  # fmt: skip
+    return (f"the 124M step at {plain['spectra-adamw']:.2f}× the paper's bf16 wrapper "
+            f"({tf32['spectra-adamw']:.2f}× with TF32), the earlier `mixed` at "
+            f"{plain['spectra-adamw-mixed']:.2f}× ({tf32['spectra-adamw-mixed']:.2f}×); 124M "
+            f"training at {ratio[False]:.2f}× torch AdamW's tokens/s eager, {ratio[True]:.2f}× "
+            "compiled")  # fmt: skip
+
+
+def gpu_after_ops_modules(root: Path) -> str:
+    """The 124M step on the H200 after the operators' restructure (``bench optim``)."""
+    from spectra_lab.bench.optim import format_table
+
+    stored = _json(root, "docs/data/gpu/bench_optim_after_ops_modules.json")
+    return "\n".join(format_table(stored).splitlines()[3:])
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -599,6 +655,11 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:step-ratio-native": step_ratio_native,
     "data:step-ratio-main-job": step_ratio_main_job,
     "gpu:ops": gpu_ops,
+    "gpu:peers": gpu_peers,
+    "gpu:tests": gpu_tests,
+    "gpu:train": gpu_train,
+    "gpu:h100": gpu_h100,
+    "gpu:after-ops-modules": gpu_after_ops_modules,
     "data:bench-ops-native-medians": ops_native_medians,
     "data:bench-dist-volume": dist_volume,
     "data:bench-dist-traffic": dist_traffic,
