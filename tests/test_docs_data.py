@@ -330,18 +330,7 @@ def test_memory_claims_hold_on_the_stored_runs():
 # --------------------------------------------------------------------------- the study
 
 
-def test_synthetic_test_loss_by_seed_is_the_stored_runs():
-    doc = text("docs/synthetic.md")
-    for seed in range(5):
-        path = (
-            "results/synth/fw_summary.json"
-            if seed == 0
-            else f"results/synth/seed-{seed}/fw_summary.json"
-        )
-        full = {(r["radius"], r["b"]): r["final_test_loss"]
-                for r in data(path)["runs"] if r["mode"] == "full"}  # fmt: skip
-
-        def fmt(x):
+def fmt(x):
             return f"{x:.2f}" if x >= 1 else f"{x:.3f}"
 
         cells = [" / ".join(fmt(full[(d2, b)]) for b in (0.0, 0.1, 1.0)) for d2 in (1.0, 5.0, 0.2)]

@@ -631,6 +631,23 @@ def gpu_after_ops_modules(root: Path) -> str:
     return "\n".join(format_table(stored).splitlines()[3:])
 
 
+def synth_seeds(root: Path) -> str:
+    """``spectra synth fw`` over seeds 0-4: the full-batch iterate's test loss at k = 2000 for
+    b = 0 / 0.1 / 1, by radius D₂."""
+    rows = []
+    for seed in range(5):
+        name = "fw_summary.json" if seed == 0 else f"seed-{seed}/fw_summary.json"
+        runs = _json(root, f"results/synth/{name}")["runs"]
+        full = {(r["radius"], r["b"]): r["final_test_loss"] for r in runs if r["mode"] == "full"}
+
+        def fmt(x: float) -> str:
+            return f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+        rows.append([str(seed), *(" / ".join(fmt(full[d2, b]) for b in (0.0, 0.1, 1.0))
+                                  for d2 in (1.0, 5.0, 0.2))])  # fmt: skip
+    return _table(["seed", "D₂ = 1", "D₂ = 5", "D₂ = 0.2"], rows, "")
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -645,6 +662,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:evaluation": evaluation,
     "data:synth-spikes": synth_spikes,
     "data:synth-fw": synth_fw,
+    "data:synth-seeds": synth_seeds,
     "data:mup-lr-transfer": lr_transfer,
     "data:bench-ops-native": ops_native,
     "data:bench-ops-in-short": ops_in_short,

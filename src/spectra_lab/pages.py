@@ -49,24 +49,35 @@ def keys(text: str) -> list[str]:
 
 
 def extract(text: str, key: str) -> str | None:
-    """The body of the (first) block ``key`` of ``text``; None where there is none."""
+    """The body of the (first) block ``key`` of ``text``, without the indentation its lines
+    share with the opening marker; None where there is none."""
     m = block_pattern(key).search(text)
     if m is None:
         return None
     body = m.group(1)
-    return body[1:].removesuffix("\n") if body.startswith("\n") else body
+    if not body.startswith("\n"):
+        return body
+    line = text[text.rfind("\n", 0, m.start()) + 1 : m.start()]
+    indent = line if not line.strip() else ""
+    lines = body[1:].removesuffix(indent).removesuffix("\n").split("\n")
+    return "\n".join(s.removeprefix(indent) for s in lines)
 
 
 def fill(text: str, key: str, body: str) -> str:
     """``text`` with every block ``key`` holding ``body``: on lines of their own where the
-    opening marker ends its line, else inside the line (``body`` must then be one line)."""
+    opening marker ends its line, else inside the line (``body`` must then be one line). A
+    block on lines of its own keeps the indentation of its opening marker (a table inside a
+    list item): every line of ``body`` and the closing marker get it."""
     pattern = block_pattern(key)
     if not pattern.search(text):
         raise ValueError(f"no block <!-- {key} --> … <!-- /{key} -->")
 
     def sub(m: re.Match) -> str:
         if m.group(1).startswith("\n"):
-            inner = "\n" + body.rstrip() + "\n"
+            line = text[text.rfind("\n", 0, m.start()) + 1 : m.start()]
+            indent = line if not line.strip() else ""
+            lines = body.rstrip().split("\n")
+            inner = "\n" + "\n".join(indent + s if s else s for s in lines) + "\n" + indent
         elif "\n" in body:
             raise ValueError(f"block {key} sits inside a line, and its text has line breaks")
         else:
