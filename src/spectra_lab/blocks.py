@@ -648,6 +648,59 @@ def synth_seeds(root: Path) -> str:
     return _table(["seed", "D₂ = 1", "D₂ = 5", "D₂ = 0.2"], rows, "")
 
 
+def weight_norms(root: Path) -> str:
+    """``spectra analyze norms``: the summed ℓ∞ and Frobenius norms of the weight matrices at
+    the last monitor record, AdamW against Spectra-AdamW (relative change in brackets)."""
+    adamw, spectra = _json(root, "results/diagnostics/norms/norms.json")["runs"]
+    linf = (adamw["sum_weight_linf"][-1], spectra["sum_weight_linf"][-1])
+    fro = (adamw["sum_weight_fro"][-1], spectra["sum_weight_fro"][-1])
+    rel = [f"{linf[1] / linf[0] - 1:+.0%}", f"{fro[1] / fro[0] - 1:+.1%}"]
+    rel = [r.replace("-", "−") for r in rel]
+    rows = [["AdamW", f"{linf[0]:.3f}", f"{fro[0]:.1f}"],
+            ["Spectra-AdamW", f"{linf[1]:.3f} ({rel[0]})", f"{fro[1]:.1f} ({rel[1]})"]]  # fmt: skip
+    return _table(["", "Σ ‖X‖_∞", "Σ ‖X‖_F"], rows, "lrr")
+
+
+def monitor_cost(root: Path) -> str:
+    """What the spectral monitor costs in the diagnostics runs (``t_monitor`` and ``t_step`` of
+    their ``train.csv``)."""
+    import csv
+
+    def rows(name: str) -> list[dict[str, float]]:
+        path = root / "results" / "diagnostics" / name / "train.csv"
+        if not path.is_file():
+            raise FileNotFoundError(f"results/diagnostics/{name}/train.csv is missing")
+        with open(path) as f:
+            return [{k: float(v or 0) for k, v in r.items()} for r in csv.DictReader(f)]
+
+    def median(name: str, key: str, monitored: bool) -> float:
+        return statistics.median(r[key] for r in rows(name) if (r["t_monitor"] > 0.01) == monitored)
+
+    def per_step(name: str) -> tuple[float, int, float]:
+        rs = rows(name)
+        return sum(r["t_monitor"] for r in rs), len(rs), sum(r["t_step"] for r in rs)
+
+    noise, n_noise, steps_noise = per_step("noise")
+    total, n, steps = per_step("adamw")
+    spectra_monitored = median("spectra-adamw", "t_monitor", True)
+    head = ["", "time"]
+    body = [
+        [f"a monitored step (median over 30; AdamW run, Spectra-AdamW: {spectra_monitored:.3f} s)",
+         f"{median('adamw', 't_monitor', True):.3f} s"],
+        ["a training step without it (median, AdamW / Spectra-AdamW)",
+         f"{median('adamw', 't_step', False):.3f} s / "
+         f"{median('spectra-adamw', 't_step', False):.3f} s"],
+        ["an unmonitored step's monitor calls (a counter; median of the AdamW run)",
+         f"{1e6 * median('adamw', 't_monitor', False):.0f} µs"],
+        ["per training step at `--monitor-every 50`, the `SpectralMonitor` default (noise run: "
+         f"{noise:.1f} s over {n_noise} steps)",
+         f"{1e3 * noise / n_noise:.1f} ms ({noise / steps_noise:.2%})"],
+        [f"per training step at `--monitor-every 10` (AdamW run: {total:.1f} s of {steps:.1f} s)",
+         f"{1e3 * total / n:.1f} ms ({total / steps:.2%})"],
+    ]  # fmt: skip
+    return _table(head, body, "lr")
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -659,6 +712,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:gpu-model-h100": _gpu_model,
     "data:bench-dist-timing": dist_timing,
     "data:diagnostics-gradients": diagnostics_gradients,
+    "data:weight-norms": weight_norms,
+    "data:monitor-cost": monitor_cost,
     "data:evaluation": evaluation,
     "data:synth-spikes": synth_spikes,
     "data:synth-fw": synth_fw,
