@@ -701,6 +701,75 @@ def monitor_cost(root: Path) -> str:
     return _table(head, body, "lr")
 
 
+def plan_h100x4(root: Path) -> str:
+    """``spectra bench plan`` of the paper's main configs on 4 H100s (a model, not a
+    measurement): size, tokens, step and run time at the stored MFU, memory per GPU."""
+    from spectra_lab.estimate.plan import _duration
+
+    stored = _json(root, "docs/data/plan_h100x4.json")
+    rows = []
+    for r in stored["rows"]:
+        tokens = r["tokens"] / 1e9
+        rows.append([r["file"].removeprefix("configs/paper/").removesuffix(".yaml"),
+                     f"{r['parameters'] / 1e6:.1f}M", f"{r['tokens_per_step']:,}",
+                     f"{r['steps']:,}", f"{tokens:.1f}B" if tokens >= 1 else f"{tokens:.2f}B",
+                     _duration(r["step_s"]), _duration(r["total_s"]),
+                     f"{r['memory_ddp']['total'] / 1e9:.1f}",
+                     f"{r['memory_fsdp2']['total'] / 1e9:.1f}"])  # fmt: skip
+    head = ["config", "params", "tokens/step", "steps", "tokens",
+            f"step at {stored['mfu']:.0%} MFU", "run", "DDP GB/GPU", "FSDP2 GB/GPU"]  # fmt: skip
+    return _table(head, rows, "lrrrrrrrr")
+
+
+COORD_CHECK = "results/mup/coord-check/coord_check.json"
+
+
+def coord_table(root: Path) -> str:
+    """μP's coordinate check: each layer's RMS at the widest width over the narrowest, at the
+    last step, standard parametrization against μP."""
+    from spectra_lab.mup.coord import growth
+
+    ratios = growth(_json(root, COORD_CHECK))
+
+    def fmt(x: float) -> str:
+        return f"{x:.0f}" if x >= 100 else f"{x:.2f}"
+
+    rows = [[layer, fmt(ratios["standard"][layer]), fmt(ratios["mup"][layer])]
+            for layer in ratios["standard"]]  # fmt: skip
+    return _table(["layer", "standard", "μP"], rows, "lrr")
+
+
+def per_doubling(runs: dict, widths: list[int], layer: str, step: int) -> float:
+    """Growth of a layer's RMS per doubling of the width: ``2^slope`` of the least-squares line
+    through ``(log2 width, log2 RMS)``."""
+    xs = [math.log2(w) for w in widths]
+    ys = [math.log2(runs[str(w)][layer][step]) for w in widths]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return 2**slope
+
+
+def coord_growth(root: Path) -> str:
+    """The coordinate check's growth per doubling of the width, over the steps after the
+    first, by layer and parametrization."""
+    results = _json(root, COORD_CHECK)
+    widths, steps = results["widths"], range(1, results["steps"])
+
+    def spread(param: str, layers: tuple[str, ...], fmt: str) -> str:
+        g = [per_doubling(results["runs"][param], widths, layer, t)
+             for layer in layers for t in steps]  # fmt: skip
+        return f"{min(g):{fmt}}–{max(g):{fmt}}×"
+
+    return (f"at steps 1 to {results['steps'] - 1} is {spread('standard', ('block 1',), '.1f')} "
+            f"(block 1), {spread('standard', ('block 2',), '.1f')} (block 2) and "
+            f"{spread('standard', ('logits',), '.1f')} (logits) with the standard "
+            f"parametrization: the updates of the wider matrices move the activations further "
+            f"at the same lr. With μP it is {spread('mup', ('block 1', 'block 2'), '.2f')} for "
+            f"the blocks and {spread('mup', ('logits',), '.2f')} for the logits")  # fmt: skip
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -719,6 +788,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:synth-fw": synth_fw,
     "data:synth-seeds": synth_seeds,
     "data:mup-lr-transfer": lr_transfer,
+    "data:plan-h100x4": plan_h100x4,
+    "data:coord-check": coord_table,
+    "data:coord-growth": coord_growth,
     "data:bench-ops-native": ops_native,
     "data:bench-ops-in-short": ops_in_short,
     "data:bench-ops-synthetic": ops_synthetic,
