@@ -109,12 +109,13 @@ NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+−]?\d+)?")
 UNIT = re.compile(r"\s?(?:×|%|ms\b|µs\b|s\b|min\b|GiB|GB|MiB|MB|KiB|tok/s|nats?\b)")
 
 #: What a number outside a block may be, not being a measurement: a version (``torch
-#: 2.13.0``), a setting or a definition written with its symbol (``c = 10``, ``σ ≤ 1.5``), a
+#: 2.13.0``), a setting or a definition written with its symbol (``c = 10``, ``σ ≤ 1.5``,
+#: ``lr 3e-3``), a
 #: power of ten with no mantissa (``1e-5``, a threshold or a tolerance), a model's size
 #: (``3.3M``, ``1.5B``), a shape (``16 × 256``), a test's confidence level (``95% level``).
 ALLOWED = {
     "version": re.compile(r"(?:torch|Python|transformers|CUDA|lm-eval|version|v)\s*$"),
-    "setting": re.compile(r"(?:=|≤|≥|<|>|≈)\s*$"),
+    "setting": re.compile(r"(?:=|≤|≥|<|>|≈|\blr|\bη|\blrs?\s+of)\s*$"),
     "power of ten": re.compile(r"1e[-+−]?\d+"),
     "size": re.compile(r"[MBk]\b"),
     "shape": re.compile(r"\s?×\s?\d"),
