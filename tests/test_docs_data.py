@@ -101,28 +101,8 @@ def records(name: str, layer_part: str, steps: tuple[int, ...]) -> list[dict]:
             for r in x["records"] if r["step"] in steps]  # fmt: skip
 
 
-def test_diagnostics_update_ceilings_quoted_from_the_stored_runs():
-    every = (1, 15, 150, 297)
-    late = records("spectra-adamw", "attn.wq", (150, 297))
-    late_mlp = records("spectra-adamw", "mlp.w1", (150, 297))
-    warm = records("spectra-adamw", "attn.wq", (15,))
-    warm_mlp = records("spectra-adamw", "mlp.w1", (15,))
-
-    def rng(rs, key="sigma_max", part="update", fmt=".2f"):
-        vals = [r[part][key] for r in rs]
-        return f"{min(vals):{fmt}}–{max(vals):{fmt}}"
-
-    assert_quoted(f"σ_max is {rng(late)} for `attn.wq`", "docs/diagnostics.md")
-    assert_quoted(f"{rng(late_mlp, fmt='.1f')} for `mlp.w1`", "docs/diagnostics.md")
-    assert_quoted(f"gives {rng(warm, fmt='.1f')} (bound 20) and {rng(warm_mlp, fmt='.1f')}",
-                  "docs/diagnostics.md")  # fmt: skip
-    adamw = records("adamw", "", every)
-    sig = [r["update"]["sigma_max"] for r in adamw]
-    assert_quoted(f"its σ_max runs from {min(sig):.1f} to {max(sig):.0f}", "docs/diagnostics.md")
-    grad = [r["grad"]["max_over_median"] for r in adamw]
-    upd = [r["update"]["max_over_median"] for r in adamw]
-    assert_quoted(f"σ_max/median {min(upd):.0f}–{max(upd):.0f} against "
-                  f"{min(grad):.0f}–{max(grad):.0f}", "docs/diagnostics.md")  # fmt: skip
+def test_the_monitored_runs_train_as_the_main_job():
+    # (the diagnostics page's figures are generated blocks, data:diag-*)
     for name in ("adamw", "spectra-adamw"):
         s = data(f"results/diagnostics/{name}/summary.json")
         assert s["val_loss"] == main_job()[name][1337]  # the monitor changes nothing
@@ -142,39 +122,8 @@ def sci(x: float) -> str:
     return f"{mant}e{int(exp)}"
 
 
-def test_diagnostics_noise_and_norms_quoted_from_the_stored_runs():
-    noise = data("results/diagnostics/noise/noise.json")
-    recs = [r for x in noise["layers"].values() for r in x["records"]]
-
-    def summary(key, steps):
-        return [r["summary"][key] for r in recs if r["step"] in steps]
-
-    def pct(vals):
-        return f"{100 * min(vals):.0f}–{max(vals):.0%}"
-
-    early, late = (1, 8), (75, 148)
-    frac = "fraction_noise_top_above_signal"
-    ratio = "noise_top_over_signal_median"
-    assert_quoted(f"σ₁(N) > ‖G‖₂ in {pct(summary(frac, early))} of the samples at steps 1 and 8 "
-                  f"(median ratio {span(*minmax(summary(ratio, early)))})",
-                  "docs/diagnostics.md")  # fmt: skip
-    late_ratio = span(*minmax(summary(ratio, late)))
-    assert_quoted(f"{pct(summary(frac, late))} at steps 75 and 148 (median ratio {late_ratio})",
-                  "docs/diagnostics.md")  # fmt: skip
-    every = early + late
-    spec_late = span(*minmax(summary("spectral_median", late)), ".3f")
-    assert_quoted(f"has median {span(*minmax(summary('spectral_median', every)))} over the "
-                  f"{len(recs)} layer-steps, and {spec_late}", "docs/diagnostics.md")  # fmt: skip
-    assert_quoted(f"has median {span(*minmax(summary('chordal_median', every)))}",
-                  "docs/diagnostics.md")  # fmt: skip
-    chance = [x["chordal_chance"] for x in noise["layers"].values()]
-    assert_quoted(f"= {span(*minmax(chance), '.3f')} here", "docs/diagnostics.md")
-
+def test_the_weight_norms_stay_within_two_percent():
     adamw, spectra = data("results/diagnostics/norms/norms.json")["runs"]
-    gap = {s: a - b for s, a, b in zip(adamw["steps"], adamw["sum_weight_linf"],
-                                       spectra["sum_weight_linf"], strict=True)}  # fmt: skip
-    assert_quoted(f"the gap reaches {gap[131]:.2f} by step 130 and {gap[adamw['steps'][-1]]:.2f} "
-                  "at the end", "docs/diagnostics.md")  # fmt: skip
     drift = max(abs(b / a - 1) for a, b in zip(adamw["sum_weight_fro"], spectra["sum_weight_fro"],
                                                strict=True))  # fmt: skip
     assert drift < 0.02  # "within 2% of each other all along"

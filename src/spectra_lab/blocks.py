@@ -770,6 +770,103 @@ def coord_growth(root: Path) -> str:
             f"the blocks and {spread('mup', ('logits',), '.2f')} for the logits")  # fmt: skip
 
 
+def _records(root: Path, name: str, layer_part: str, steps: tuple[int, ...]) -> list[dict]:
+    layers = _json(root, f"results/diagnostics/{name}/spectra.json")["layers"]
+    return [r for layer, x in layers.items() if layer_part in layer
+            for r in x["records"] if r["step"] in steps]  # fmt: skip
+
+
+def _spread(vals: list[float], fmt: str = ".2f") -> str:
+    return f"{min(vals):{fmt}}–{max(vals):{fmt}}"
+
+
+def _updates(records: list[dict], key: str = "sigma_max") -> list[float]:
+    return [r["update"][key] for r in records]
+
+
+#: ``spectra analyze``'s recorded steps of the main job's runs (1-based)
+DIAG_STEPS = (1, 15, 150, 297)
+
+
+def diag_phrases() -> dict[str, Callable[[Path], str]]:
+    """The diagnostics page's figures quoted in its prose, each a phrase from the stored runs
+    (``results/diagnostics/``)."""
+
+    def late(root: Path) -> str:
+        rs = _records(root, "spectra-adamw", "attn.wq", (150, 297))
+        return f"σ_max is {_spread(_updates(rs))} for `attn.wq`"
+
+    def late_mlp(root: Path) -> str:
+        rs = _records(root, "spectra-adamw", "mlp.w1", (150, 297))
+        return f"{_spread(_updates(rs), '.1f')} for `mlp.w1`"
+
+    def warm(root: Path) -> str:
+        attn = _records(root, "spectra-adamw", "attn.wq", (15,))
+        mlp = _records(root, "spectra-adamw", "mlp.w1", (15,))
+        return (
+            f"gives {_spread(_updates(attn), '.1f')} (bound 20) and {_spread(_updates(mlp), '.1f')}"
+        )
+
+    def adamw_sigma(root: Path) -> str:
+        sig = _updates(_records(root, "adamw", "", DIAG_STEPS))
+        return f"its σ_max runs from {min(sig):.1f} to {max(sig):.0f}"
+
+    def even(root: Path) -> str:
+        rs = _records(root, "adamw", "", DIAG_STEPS)
+        grad = [r["grad"]["max_over_median"] for r in rs]
+        return (f"σ_max/median {_spread(_updates(rs, 'max_over_median'), '.0f')} against "
+                f"{_spread(grad, '.0f')}")  # fmt: skip
+
+    def noise(root: Path) -> dict:
+        return _json(root, "results/diagnostics/noise/noise.json")
+
+    def summary(root: Path, key: str, steps: tuple[int, ...]) -> list[float]:
+        recs = [r for x in noise(root)["layers"].values() for r in x["records"]]
+        return [r["summary"][key] for r in recs if r["step"] in steps]
+
+    def pct(vals: list[float]) -> str:
+        return f"{100 * min(vals):.0f}–{max(vals):.0%}"
+
+    frac, ratio = "fraction_noise_top_above_signal", "noise_top_over_signal_median"
+
+    def noise_early(root: Path) -> str:
+        return (f"σ₁(N) > ‖G‖₂ in {pct(summary(root, frac, (1, 8)))} of the samples at steps 1 "
+                f"and 8 (median ratio {_spread(summary(root, ratio, (1, 8)))})")  # fmt: skip
+
+    def noise_late(root: Path) -> str:
+        return (f"{pct(summary(root, frac, (75, 148)))} at steps 75 and 148 (median ratio "
+                f"{_spread(summary(root, ratio, (75, 148)))})")  # fmt: skip
+
+    def spectral(root: Path) -> str:
+        every = (1, 8, 75, 148)
+        n = sum(len(x["records"]) for x in noise(root)["layers"].values())
+        return (
+            f"has median {_spread(summary(root, 'spectral_median', every))} over the {n} "
+            f"layer-steps, and {_spread(summary(root, 'spectral_median', (75, 148)), '.3f')}"
+        )
+
+    def chordal(root: Path) -> str:
+        return f"has median {_spread(summary(root, 'chordal_median', (1, 8, 75, 148)))}"
+
+    def chance(root: Path) -> str:
+        vals = [x["chordal_chance"] for x in noise(root)["layers"].values()]
+        return f"= {_spread(vals, '.3f')} here"
+
+    def gap(root: Path) -> str:
+        adamw, spectra = _json(root, "results/diagnostics/norms/norms.json")["runs"]
+        g = {s: a - b for s, a, b in zip(adamw["steps"], adamw["sum_weight_linf"],
+                                         spectra["sum_weight_linf"], strict=True)}  # fmt: skip
+        return (
+            f"the gap reaches {g[131]:.2f} by step 130 and {g[adamw['steps'][-1]]:.2f} at the end"
+        )
+
+    phrases = {"late": late, "late-mlp": late_mlp, "warm": warm, "adamw-sigma": adamw_sigma,
+               "even": even, "noise-early": noise_early, "noise-late": noise_late,
+               "noise-spectral": spectral, "noise-chordal": chordal, "noise-chance": chance,
+               "norms-gap": gap}  # fmt: skip
+    return {f"data:diag-{k}": f for k, f in phrases.items()}
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -781,6 +878,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:gpu-model-h100": _gpu_model,
     "data:bench-dist-timing": dist_timing,
     "data:diagnostics-gradients": diagnostics_gradients,
+    **diag_phrases(),
     "data:weight-norms": weight_norms,
     "data:monitor-cost": monitor_cost,
     "data:evaluation": evaluation,
