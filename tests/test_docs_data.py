@@ -141,14 +141,8 @@ def test_readme_reproducibility_figures_are_the_stored_repeats():
     assert repro["adamw"] == diag_adamw == runs["adamw"][1337]  # bit-reproducible
     assert data("results/diagnostics/spectra-adamw/summary.json")["val_loss"] == runs[
         "spectra-adamw"][1337]  # fmt: skip
-    assert_quoted(f"ends at {runs['adamw'][1337]:.8f} in the sweep", "docs/training.md")
-    assert_quoted(f"Spectra-AdamW at {runs['spectra-adamw'][1337]:.8f} in each", "docs/training.md")
     d_adamw = repro["adamw-generic"] - runs["adamw"][1337]
     d_spectra = repro["spectra-adamw-generic"] - runs["spectra-adamw"][1337]
-    shift = f"{d_adamw:+.4f}".replace("-", "−")
-    assert_quoted(f"AdamW ends at {repro['adamw-generic']:.4f} ({shift})", "docs/training.md")
-    assert_quoted(f"Spectra-AdamW at {repro['spectra-adamw-generic']:.5f} ({d_spectra:+.5f})",
-                  "docs/training.md")  # fmt: skip
     assert abs(d_spectra) < abs(d_adamw) / 100
 
 
@@ -172,20 +166,6 @@ def test_synthetic_figures_are_the_stored_seed_0_run():
 # --------------------------------------------------------------------------- step timings
 
 
-def test_main_job_step_ratios_are_the_stored_bench_step_runs():
-    extra = []
-    for threads in ("2threads", "1thread"):
-        rows = {r["name"]: r for r in data(f"docs/data/bench_step_main_job_{threads}.json")["rows"]}
-        a, s = rows["adamw"], rows["spectra-adamw"]
-        d = s["optimizer_ms"] - a["optimizer_ms"]
-        extra.append((d, (a["total_ms"] + d) / a["total_ms"], s["total_ms"] / a["total_ms"]))
-    (d2, r2, t2), (d1, r1, t1) = extra
-    assert_quoted(f"The clip adds {d2:.0f} ms to the optimizer step with two threads and "
-                  f"{d1:.0f} ms with one. Added to AdamW's training step, that is **{r2:.2f}×** "
-                  f"and **{r1:.2f}×** its time (the totals give {t2:.2f}× and {t1:.2f}×",
-                  "docs/operators.md")  # fmt: skip
-
-
 def test_main_job_runs_step_ratio_is_the_stored_pairs():
     pairs = data("docs/data/main_job_step_ratio.json")["pairs"]
     assert [p["spectra"]["soft_clip_auto"] for p in pairs] == ["mixed", "mixed"]
@@ -200,14 +180,10 @@ def test_main_job_runs_step_ratio_is_the_stored_pairs():
 
 def test_the_peers_figures_on_the_cpu_are_the_stored_run():
     rows = {r["method"]: r for r in data("docs/data/bench_optim_peers_cpu_2threads.json")["rows"]}
-    assert_quoted(f"The step takes {rows['spectra-adamw']['vs_muon']:.2f}× torch's Muon with "
-                  f"AdamW (D-Muon {rows['spectra-dmuon']['vs_muon']:.2f}×)",
-                  "docs/optimizers.md")  # fmt: skip
     fused = rows["torch-adamw-fused"]["time_ratio"]
     assert fused > 1.0 and rows["torch-adamw-loop"]["step_s"] == min(
         r["step_s"] for r in rows.values()
     )
-    assert_quoted(f"slower than its foreach one ({fused:.2f}×)", "docs/optimizers.md")
 
 
 def test_memory_claims_hold_on_the_stored_runs():
@@ -223,17 +199,6 @@ def test_memory_claims_hold_on_the_stored_runs():
     assert ratio(mem, "spectra-adamw", "torch-adamw") <= 1.10
     assert ratio(big, "spectra-adamw", "torch-adamw") <= 1.10
     assert ratio(mem, "spectra-adamw-chunked", "torch-adamw-loop") <= 1.10
-    big_r, mem_r = (
-        ratio(big, "spectra-adamw", "torch-adamw"),
-        ratio(mem, "spectra-adamw", "torch-adamw"),
-    )
-    assert_quoted(f"{mem_r:.3f}× on the 1024² matrices and {big_r:.3f}× at the 124M shapes",
-                  "docs/optimizers.md")  # fmt: skip
-    before = {
-        r["method"]: r for r in data("docs/data/bench_optim_cpu_2threads_before.json")["rows"]
-    }
-    assert_quoted(f"peaked at {ratio(before, 'spectra-adamw', 'torch-adamw'):.3f}× torch's foreach",
-                  "docs/optimizers.md")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the study
@@ -243,16 +208,8 @@ def test_matmul_rates_quoted_from_the_stored_runs():
     names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
              "bench_ssc_vs_orth_cpu")  # fmt: skip
     rates = [data(f"docs/data/{n}.json")["matmul_gflops"] for n in names]
-    fp32 = [r["fp32"] for r in rates]
     native = [r["bf16"] for r in rates if r["bf16"] < 10]  # torch's own bf16 product
-    emulated = [r["bf16"] for r in rates if r["bf16"] >= 10]  # the float32 emulation
-    emulated_fp32 = [r["fp32"] for r in rates if r["bf16"] >= 10]
     assert round(max(native)) == 1
-    assert_quoted(f"about 1 GFLOP/s against {min(fp32):.0f}–{max(fp32):.0f} GFLOP/s",
-                  "docs/operators.md")  # fmt: skip
-    assert_quoted(f"({min(emulated):.0f}–{max(emulated):.0f} against "
-                  f"{min(emulated_fp32):.0f}–{max(emulated_fp32):.0f} GFLOP/s measured",
-                  "docs/operators.md")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the GPU check

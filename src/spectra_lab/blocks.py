@@ -867,6 +867,92 @@ def diag_phrases() -> dict[str, Callable[[Path], str]]:
     return {f"data:diag-{k}": f for k, f in phrases.items()}
 
 
+def more_phrases() -> dict[str, Callable[[Path], str]]:
+    """Figures quoted in the prose of the training, operators and optimizers pages, each a
+    phrase from its stored run."""
+
+    def main_job(root: Path) -> dict[str, dict[int, float]]:
+        return _main_job(root)
+
+    def repro(root: Path, name: str) -> float:
+        return _json(root, f"results/main-job/repro/{name}/summary.json")["val_loss"]
+
+    def repro_same(root: Path) -> str:
+        runs = main_job(root)
+        return f"seed 1337's AdamW twin ends at {runs['adamw'][1337]:.8f} in the sweep"
+
+    def repro_spectra(root: Path) -> str:
+        return f"Spectra-AdamW at {main_job(root)['spectra-adamw'][1337]:.8f} in each"
+
+    def repro_generic(root: Path) -> str:
+        runs = main_job(root)
+        a, s = repro(root, "adamw-generic"), repro(root, "spectra-adamw-generic")
+        da, ds = a - runs["adamw"][1337], s - runs["spectra-adamw"][1337]
+        shift = f"{da:+.4f}".replace("-", "−")
+        return f"AdamW ends at {a:.4f} ({shift}) and Spectra-AdamW at {s:.5f} ({ds:+.5f})"
+
+    def step_clip(root: Path) -> str:
+        out = []
+        for threads in ("2threads", "1thread"):
+            stored = _json(root, f"docs/data/bench_step_main_job_{threads}.json")
+            rows = {r["name"]: r for r in stored["rows"]}
+            a, s = rows["adamw"], rows["spectra-adamw"]
+            d = s["optimizer_ms"] - a["optimizer_ms"]
+            out.append((d, (a["total_ms"] + d) / a["total_ms"], s["total_ms"] / a["total_ms"]))
+        (d2, r2, t2), (d1, r1, t1) = out
+        return (f"The clip adds {d2:.0f} ms to the optimizer step with two threads and {d1:.0f} "
+                f"ms with one. Added to AdamW's training step, that is **{r2:.2f}×** and "
+                f"**{r1:.2f}×** its time (the totals give {t2:.2f}× and {t1:.2f}×")  # fmt: skip
+
+    def peers(root: Path) -> dict[str, dict]:
+        rows = _json(root, "docs/data/bench_optim_peers_cpu_2threads.json")["rows"]
+        return {r["method"]: r for r in rows}
+
+    def vs_muon(root: Path) -> str:
+        rows = peers(root)
+        return (f"The step takes {rows['spectra-adamw']['vs_muon']:.2f}× torch's Muon with AdamW "
+                f"(D-Muon {rows['spectra-dmuon']['vs_muon']:.2f}×)")  # fmt: skip
+
+    def fused(root: Path) -> str:
+        return (
+            f"slower than its foreach one ({peers(root)['torch-adamw-fused']['time_ratio']:.2f}×)"
+        )
+
+    def peak(root: Path, name: str) -> float:
+        rows = {r["method"]: r for r in _json(root, f"docs/data/{name}.json")["rows"]}
+        return rows["spectra-adamw"]["peak_bytes"] / rows["torch-adamw"]["peak_bytes"]
+
+    def memory(root: Path) -> str:
+        return (
+            f"{peak(root, 'bench_optim_memory_cpu_2threads'):.3f}× on the 1024² matrices "
+            f"and {peak(root, 'bench_optim_cpu_2threads'):.3f}× at the 124M shapes"
+        )
+
+    def memory_before(root: Path) -> str:
+        return f"peaked at {peak(root, 'bench_optim_cpu_2threads_before'):.3f}× torch's foreach"
+
+    def rates(root: Path) -> list[dict]:
+        names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
+                 "bench_ssc_vs_orth_cpu")  # fmt: skip
+        return [_json(root, f"docs/data/{n}.json")["matmul_gflops"] for n in names]
+
+    def rate_native(root: Path) -> str:
+        fp32 = [r["fp32"] for r in rates(root)]
+        native = max(r["bf16"] for r in rates(root) if r["bf16"] < 10)
+        return f"about {native:.0f} GFLOP/s against {min(fp32):.0f}–{max(fp32):.0f} GFLOP/s"
+
+    def rate_emulated(root: Path) -> str:
+        emulated = [r for r in rates(root) if r["bf16"] >= 10]
+        bf, fp = [r["bf16"] for r in emulated], [r["fp32"] for r in emulated]
+        return f"({min(bf):.0f}–{max(bf):.0f} against {min(fp):.0f}–{max(fp):.0f} GFLOP/s measured"
+
+    phrases = {"repro-same": repro_same, "repro-spectra": repro_spectra,
+               "repro-generic": repro_generic, "step-clip": step_clip, "vs-muon": vs_muon,
+               "fused": fused, "memory": memory, "memory-before": memory_before,
+               "rate-native": rate_native, "rate-emulated": rate_emulated}  # fmt: skip
+    return {f"data:q-{k}": f for k, f in phrases.items()}
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -879,6 +965,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:bench-dist-timing": dist_timing,
     "data:diagnostics-gradients": diagnostics_gradients,
     **diag_phrases(),
+    **more_phrases(),
     "data:weight-norms": weight_norms,
     "data:monitor-cost": monitor_cost,
     "data:evaluation": evaluation,
