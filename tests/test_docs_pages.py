@@ -96,7 +96,7 @@ def _tree(tmp_path: Path) -> Path:
     for rel in ("README.md", "docs", "results"):
         src, dst = ROOT / rel, tmp_path / rel
         if src.is_dir():
-            skip = shutil.ignore_patterns("runs", "repro", "ckpt", "*.png", "*.pt", "*.csv.gz")
+            skip = shutil.ignore_patterns("runs", "ckpt", "*.png", "*.pt", "*.csv.gz")
             shutil.copytree(src, dst, ignore=skip)
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
