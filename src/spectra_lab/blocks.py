@@ -953,6 +953,35 @@ def more_phrases() -> dict[str, Callable[[Path], str]]:
     return {f"data:q-{k}": f for k, f in phrases.items()}
 
 
+def synth_stochastic(root: Path) -> str:
+    """``spectra synth fw``'s minibatch runs (D₂ = 1, the mean of its runs): residual, the
+    iterates' spectral norm, their Frobenius norm and test loss, for b = 0 / 0.1 / 1."""
+    runs = [r for r in _json(root, "results/synth/fw_summary.json")["runs"]
+            if r["mode"] == "stochastic"]  # fmt: skip
+    runs.sort(key=lambda r: r["b"])
+
+    def each(key: str, fmt: str) -> str:
+        return " / ".join(f"{r[key]:{fmt}}".replace("e-0", "e-") for r in runs)
+
+    bs = " / ".join(f"{r['b']:g}" for r in runs)
+    top = max(r["max_spectral_norm"] for r in runs)
+    return (f"the residual falls from {each('residual_first', '.2f')} at k = 1 to "
+            f"{each('residual_final', '.1e')} at k = {runs[0]['iters']} for b = {bs}. The "
+            f"iterates stay in the ball (max ‖X_k‖₂ = {top:.3f}). The final ‖X_K‖_F is "
+            f"{each('final_frobenius_norm', '.2f')} and the final test loss is "
+            f"{each('final_test_loss', '.3f')}")  # fmt: skip
+
+
+def synth_frobenius(root: Path) -> str:
+    """The full-batch final Frobenius norm at D₂ = 1 for b = 0 / 0.1 / 1."""
+    runs = [r for r in _json(root, "results/synth/fw_summary.json")["runs"]
+            if r["mode"] == "full" and r["radius"] == 1.0]  # fmt: skip
+    norms = " / ".join(
+        f"{r['final_frobenius_norm']:.2f}" for r in sorted(runs, key=lambda r: r["b"])
+    )
+    return f"the final ‖X‖_F is {norms}"
+
+
 #: Every block outside the study, by key: what renders it from the files under the root.
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:runs": _gpu_runs,
@@ -972,6 +1001,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:synth-spikes": synth_spikes,
     "data:synth-fw": synth_fw,
     "data:synth-seeds": synth_seeds,
+    "data:synth-stochastic": synth_stochastic,
+    "data:synth-frobenius": synth_frobenius,
     "data:mup-lr-transfer": lr_transfer,
     "data:plan-h100x4": plan_h100x4,
     "data:coord-check": coord_table,
