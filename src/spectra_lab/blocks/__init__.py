@@ -1,0 +1,115 @@
+"""What renders each generated block of README.md and docs/ (outside the study's): one function
+per block, reading the files under the source tree's root (``docs/data/``, ``results/``) and
+writing the block's Markdown. :data:`BLOCKS` maps each block's key to its function;
+:mod:`spectra_lab.pages` finds the blocks in the pages, writes and checks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from spectra_lab.blocks.bench import (
+    bench_optim,
+    bench_step,
+    dist_timing,
+    dist_traffic,
+    dist_traffic_model,
+    dist_volume,
+    gpu_model,
+    ops,
+    ops_in_short,
+    ops_misses,
+    ops_native,
+    ops_native_medians,
+    ops_synthetic,
+    polar_flops,
+    step_ratio_main_job,
+    step_ratio_native,
+)
+from spectra_lab.blocks.gpu import (
+    gpu_after_ops_modules,
+    gpu_h100,
+    gpu_ops,
+    gpu_peaks,
+    gpu_peers,
+    gpu_runs,
+    gpu_summary,
+    gpu_tests,
+    gpu_train,
+)
+from spectra_lab.blocks.phrases import PHRASES
+from spectra_lab.blocks.runs import (
+    coord_growth,
+    coord_table,
+    diagnostics_gradients,
+    evaluation,
+    lr_transfer,
+    machines,
+    main_job_mixed,
+    main_job_paired,
+    main_job_table,
+    monitor_cost,
+    plan_h100x4,
+    synth_frobenius,
+    synth_fw,
+    synth_seeds,
+    synth_spikes,
+    synth_stochastic,
+    weight_norms,
+)
+
+#: Every block outside the study, by key: what renders it from the files under the root.
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "gpu:runs": gpu_runs,
+    "gpu:summary": gpu_summary,
+    "data:machines": machines,
+    "data:main-job": main_job_table,
+    "data:main-job-paired": main_job_paired,
+    "data:main-job-mixed": main_job_mixed,
+    "data:gpu-model-h100": gpu_model,
+    "data:bench-dist-timing": dist_timing,
+    "data:diagnostics-gradients": diagnostics_gradients,
+    **PHRASES,
+    "data:weight-norms": weight_norms,
+    "data:monitor-cost": monitor_cost,
+    "data:evaluation": evaluation,
+    "data:synth-spikes": synth_spikes,
+    "data:synth-fw": synth_fw,
+    "data:synth-seeds": synth_seeds,
+    "data:synth-stochastic": synth_stochastic,
+    "data:synth-frobenius": synth_frobenius,
+    "data:mup-lr-transfer": lr_transfer,
+    "data:plan-h100x4": plan_h100x4,
+    "data:coord-check": coord_table,
+    "data:coord-growth": coord_growth,
+    "data:bench-ops-native": ops_native,
+    "data:bench-ops-in-short": ops_in_short,
+    "data:bench-ops-synthetic": ops_synthetic,
+    "data:polar-flops": polar_flops,
+    "data:bench-ops-misses": ops_misses,
+    "data:gpu-peaks": gpu_peaks,
+    "data:step-ratio-native": step_ratio_native,
+    "data:step-ratio-main-job": step_ratio_main_job,
+    "gpu:ops": gpu_ops,
+    "gpu:peers": gpu_peers,
+    "gpu:tests": gpu_tests,
+    "gpu:train": gpu_train,
+    "gpu:h100": gpu_h100,
+    "gpu:after-ops-modules": gpu_after_ops_modules,
+    "data:bench-ops-native-medians": ops_native_medians,
+    "data:bench-dist-volume": dist_volume,
+    "data:bench-dist-traffic": dist_traffic,
+    "data:bench-dist-traffic-model": dist_traffic_model,
+    **{f"data:{name.replace('_', '-')}": bench_optim(name) for name in (
+        "bench_optim_cpu_2threads", "bench_optim_memory_cpu_2threads",
+        "bench_optim_memory_cpu_1thread", "bench_optim_peers_cpu_2threads",
+        "bench_optim_cpu_native_bf16_2threads", "bench_optim_main_job_native_bf16")},
+    "data:bench-ops-cpu": ops("bench_ops_cpu", "cells"),
+    **{f"data:{name.replace('_', '-')}-summary": ops(name, "summary") for name in (
+        "bench_ops_cpu", "bench_ops_cpu_recorded")},
+    "data:bench-ssc-vs-orth-cpu": ops("bench_ssc_vs_orth_cpu", "sizes"),
+    **{f"data:{name.replace('_', '-')}": bench_step(name) for name in (
+        "bench_step_main_job_2threads", "bench_step_main_job_1thread",
+        "bench_step_main_job_native_bf16_2threads")},
+}  # fmt: skip

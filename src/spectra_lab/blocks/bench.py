@@ -1,0 +1,276 @@
+"""Blocks rendered from the stored benchmark runs under ``docs/data/``: ``bench optim``,
+``bench step``, ``bench ops``, ``bench dist`` and the H100 flop model."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from spectra_lab.blocks.common import MIB, json_of, ops_cells, sci, span, table, value_range, worst
+
+
+def bench_optim(name: str) -> Callable[[Path], str]:
+    """The table of a stored ``spectra bench optim`` run (without its two header lines)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.optim import format_table
+
+        return "\n".join(format_table(json_of(root, f"docs/data/{name}.json")).splitlines()[3:])
+
+    return make
+
+
+def bench_step(name: str) -> Callable[[Path], str]:
+    """The report of a stored ``spectra bench step`` run, as the command prints it (fenced)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.step import format_report
+
+        return "```\n" + format_report(json_of(root, f"docs/data/{name}.json")).rstrip() + "\n```"
+
+    return make
+
+
+def ops_table(cells: list, columns: tuple[str, ...] = ("polar", "eigh64")) -> str:
+    """A stored ``spectra bench ops`` run, one row per input: ``auto``'s time, its ratios to
+    the paper's runs and the three errors, then each of ``columns``' time ÷ paper fp32."""
+    from spectra_lab.bench.ops_report import _by_input
+    from spectra_lab.bench.tables import markdown_table
+
+    def ratio(x: float, fmt: str) -> str:
+        return "–" if math.isnan(x) else f"{x:{fmt}}"
+
+    rows = []
+    for (shape, dtype, kind), by in _by_input(cells).items():
+        auto, fp32, bf16 = by["auto"], by["paper_fp32"], by.get("paper_bf16")
+        rows.append([shape, dtype, kind, f"{auto.sigma_over_c:.3g}", f"{auto.time_ms:.4g}",
+                     ratio(auto.vs_paper_fp32, ".2f"), ratio(auto.vs_paper_bf16, ".3f"),
+                     f"{auto.rel_err:.1e}", f"{fp32.rel_err:.1e}",
+                     "skipped" if bf16 is None else f"{bf16.rel_err:.1e}",
+                     *(ratio(by[m].vs_paper_fp32, ".2f") for m in columns)])  # fmt: skip
+    head = ["shape", "dtype", "input", "σ_max/c", "`auto` ms", "÷ paper fp32", "÷ paper bf16",
+            "`auto` error", "paper fp32 error", "paper bf16 error",
+            *(f"`{m}` ÷ paper fp32" for m in columns)]  # fmt: skip
+    return markdown_table(head, rows, "lll" + "r" * (len(head) - 3))
+
+
+def ops(name: str, what: str) -> Callable[[Path], str]:
+    """A table of the stored ``spectra bench ops`` run ``name``: ``cells`` (:func:`ops_table`)
+    or ``summary`` (per method, as the command prints it)."""
+
+    def make(root: Path) -> str:
+        from spectra_lab.bench.ops_report import sizes_table, summary
+
+        cells = ops_cells(root, name)
+        return {"cells": ops_table, "summary": summary, "sizes": sizes_table}[what](cells)
+
+    return make
+
+
+def gpu_model(root: Path) -> str:
+    """The stored H100 flop and launch model's table (``spectra bench gpu-model``)."""
+    from spectra_lab.estimate.gpu_model import format_report
+
+    return "\n".join(format_report(json_of(root, "docs/data/gpu_model_h100.json")).splitlines()[2:])
+
+
+#: The layouts of ``spectra bench dist``'s traffic tables, in their columns' order.
+DIST_LAYOUTS = ("ddp", "fsdp2-whole", "fsdp2-gram", "tp", "2d")
+
+
+def dist_timing(root: Path) -> str:
+    """``spectra bench dist``'s step times, unsplit and split, and their ratio."""
+    timing = json_of(root, "docs/data/bench_dist_cpu.json")["timing"]
+    rows = [[str(r["procs"]), str(r["threads"]), f"{r['unsplit']:.3f}", f"{r['split']:.3f}",
+             f"{r['ratio']:.2f}"] for r in timing]  # fmt: skip
+    head = ["processes", "threads each", "unsplit step (s)", "split step (s)", "split ÷ unsplit"]
+    return table(head, rows, "rrrrr")
+
+
+def dist_volume(root: Path) -> str:
+    """The modelled MiB per rank and step of DDP and FSDP2, with and without SPECTRA."""
+    volume = json_of(root, "docs/data/bench_dist_cpu.json")["volume"]
+    keys = ("ddp_allreduce", "ddp_split", "fsdp2_own", "fsdp2_spectral")
+    rows = [[v["preset"], str(v["n"]), *(f"{v[k] / MIB:.0f} MiB" for k in keys)] for v in volume]
+    head = ["preset", "N", "DDP gradient all-reduce `2(N−1)/N·P`", "+ the split `(N−1)/N·M`",
+            "FSDP2's own `3(N−1)/N·P`", "+ whole matrices `M`"]  # fmt: skip
+    return table(head, rows, "lrrrrr")
+
+
+def dist_traffic(root: Path) -> str:
+    """MiB received per rank in one step, counted (modelled), by layout and process count."""
+    traffic = json_of(root, "docs/data/bench_dist_traffic.json")["traffic"]
+    rows = []
+    for n in sorted({r["procs"] for r in traffic}):
+        cells = []
+        for layout in DIST_LAYOUTS:
+            r = next((r for r in traffic if r["procs"] == n and r["layout"] == layout), None)
+            got = None if r is None else sum(r["received"]) / len(r["received"])
+            cells.append("–" if r is None else f"{got / MIB:.3f} ({r['model'] / MIB:.3f})")
+        rows.append([str(n), *cells])
+    head = ["processes", "DDP split", "FSDP2, whole matrices", "FSDP2, Gram route", "TP",
+            "2-D (2 × N/2)"]  # fmt: skip
+    return table(head, rows, "rrrrrr")
+
+
+def dist_traffic_model(root: Path) -> str:
+    """The traffic model's MiB per rank at the paper's sizes, by layout."""
+    model = json_of(root, "docs/data/bench_dist_traffic.json")["traffic_model"]
+    rows = [[r["preset"], str(r["n"]), *(f"{r[x] / MIB:.0f}" for x in DIST_LAYOUTS)]
+            for r in model]  # fmt: skip
+    head = ["preset", "N", "DDP split", "FSDP2, whole matrices", "FSDP2, Gram route", "TP", "2-D"]
+    return table(head, rows, "lrrrrrr")
+
+
+def ops_native(root: Path) -> str:
+    """``spectra bench ops`` on the CPU with native bf16 units: each method's time ÷ the
+    paper's bf16 run and its error (float32 input), one row per synthetic input and one per
+    shape of recorded training directions (their range, and the worst error)."""
+    cells = ops_cells(root, "bench_ops_cpu_native_bf16")
+    methods = ("auto", "eigh", "polar")
+    rows = []
+    for shape in dict.fromkeys(c.shape for c in cells):
+        mine = [c for c in cells if c.shape == shape]
+        synthetic = [i for i in dict.fromkeys(c.input for c in mine) if "@" not in i]
+        for kind in synthetic:
+            by = {c.method: c for c in mine if c.input == kind}
+            label = "Adam-like spike" if kind == "adam_spike" else kind
+            rows.append([shape.replace("x", "×"), label,
+                         *(f"{by[m].vs_paper_bf16:.2f}" for m in methods),
+                         *(f"{by[m].rel_err:.1e}" for m in (*methods, "paper_bf16"))])  # fmt: skip
+        recorded = [c for c in mine if "@" in c.input]
+        if recorded:
+            count = len({c.input for c in recorded})
+            rows.append([shape.replace("x", "×"), f"recorded ({count})",
+                         *(span(recorded, m) for m in methods),
+                         *(worst(recorded, m) for m in (*methods, "paper_bf16"))])  # fmt: skip
+    head = ["shape", "input", "`auto` (`mixed`) ÷ paper bf16", "`eigh` ÷ paper bf16",
+            "`polar` ÷ paper bf16", "`auto` error", "`eigh` error", "`polar` error",
+            "paper bf16 error"]  # fmt: skip
+    return table(head, rows, "llrrrrrrr")
+
+
+def ops_native_medians(root: Path) -> str:
+    """The medians over the native-bf16 run's cells of each method's time ÷ the paper's bf16
+    run."""
+    cells = ops_cells(root, "bench_ops_cpu_native_bf16")
+
+    def median(m: str) -> str:
+        return f"{statistics.median(c.vs_paper_bf16 for c in cells if c.method == m):.2f}"
+
+    n = len([c for c in cells if c.method == "auto"])
+    return (f"Medians over the {n} cells, ÷ the paper's bf16 run: `auto` {median('auto')}, "
+            f"`mixed` {median('mixed')} (the same method, timed apart), `eigh` "
+            f"{median('eigh')}, `polar` {median('polar')}, the paper's float32 run "
+            f"{median('paper_fp32')}.")  # fmt: skip
+
+
+def errors_text(cells: list, method: str) -> str:
+    """The errors of ``method``'s float32-input cells: ``≤ worst`` where all are below 1e-2
+    for the paper's float32 run, else their range."""
+    errs = [c.rel_err for c in cells if c.method == method and c.dtype == "fp32"]
+    lo, hi = min(errs), max(errs)
+    if method in ("auto", "paper_fp32") and hi < 1e-2:
+        return f"≤ {sci(hi)}"
+    return f"{lo:.2f}–{hi:.2f}" if lo > 0.1 else f"{sci(lo)} – {sci(hi)}"
+
+
+def ops_in_short(root: Path) -> str:
+    """``auto`` against the paper's Algorithm 1 on the two CPUs, by kind of input: its time ÷
+    the paper's bf16 run (range over the cells), its error and the paper's two runs' errors
+    (float32 inputs)."""
+    recorded = ops_cells(root, "bench_ops_cpu_recorded")
+    synthetic = ops_cells(root, "bench_ops_cpu_synthetic")
+    native = ops_cells(root, "bench_ops_cpu_native_bf16")
+
+    def pick(cells: list, inputs: tuple[str, ...] | None) -> list:
+        return [c for c in cells if ("@" in c.input if inputs is None else c.input in inputs)]
+
+    def row(label: str, cpu: str, cells: list) -> list[str]:
+        auto = [c for c in cells if c.method == "auto"]
+        return [label, cpu, span(cells, "auto"), errors_text(auto, "auto"),
+                errors_text(cells, "paper_fp32"), errors_text(cells, "paper_bf16")]  # fmt: skip
+
+    nat_rec = pick(native, None)
+    n_rec = len([c for c in recorded if c.method == "auto"])
+    n_nat = len([c for c in nat_rec if c.method == "auto"])
+    rows = [
+        row("recorded training directions", f"emulated ({n_rec} cells)", recorded),
+        # the paper's errors on float32 inputs do not depend on the CPU: the emulated run's
+        [*row("", f"native, AMX ({n_nat} cells)", nat_rec)[:4],
+         errors_text(recorded, "paper_fp32"), errors_text(recorded, "paper_bf16")],
+        row("synthetic sign / Gaussian, 768² to 2048²", "emulated",
+            pick(synthetic, ("sign", "gauss"))),
+        row("synthetic sign, 768² to 2048²", "native, AMX", pick(native, ("sign",))),
+        row("stress: spike at σ = 10³·c", "emulated", pick(synthetic, ("adam_spike",))),
+        row("", "native, AMX", pick(native, ("adam_spike",))),
+    ]  # fmt: skip
+    head = ["inputs", "CPU bf16", "`auto` time ÷ paper bf16", "`auto` error", "paper fp32 error",
+            "paper bf16 error (errors: float32 input)"]  # fmt: skip
+    return table(head, rows, "llrrrr")
+
+
+def ops_synthetic(root: Path) -> str:
+    """The synthetic inputs at the 124M shapes, paper bf16 included: each method's time ÷ the
+    paper's runs (range over the cells) and its error on float32 inputs, for the unspiked
+    inputs (σ_max/c of a few) and the spiked one (σ_max/c = 10³)."""
+    cells = ops_cells(root, "bench_ops_cpu_synthetic")
+    rows = []
+    for method in dict.fromkeys(c.method for c in cells):
+        for label, inputs in (("sign, gauss", ("sign", "gauss")), ("adam_spike", ("adam_spike",))):
+            mine = [c for c in cells if c.method == method and c.input in inputs]
+            errs = [c.rel_err for c in mine if c.dtype == "fp32"]
+            err = (f"{sci(min(errs))} – {sci(max(errs))}" if max(errs) < 0.1
+                   else value_range(errs))  # fmt: skip
+            rows.append([method, label, value_range([c.vs_paper_bf16 for c in mine]),
+                         value_range([c.vs_paper_fp32 for c in mine]), err])  # fmt: skip
+    return table(["method", "input", "× paper bf16", "× paper fp32", "error, fp32 input"], rows,
+                  "llrrr")  # fmt: skip
+
+
+def polar_flops(root: Path) -> str:
+    """``spectra bench ops --flops``: the matrix-product flops of ``polar`` against the
+    paper's Algorithm 1 and Muon's five steps at the 124M shapes (computed, not measured:
+    ``polar``'s step count K is the one it takes on each input)."""
+    from spectra_lab.bench.flops import flop_table
+
+    shapes = {"768x768": (768, 768), "768x3072": (768, 3072), "2048x2048": (2048, 2048),
+              "8x512x512": (8, 512, 512)}  # fmt: skip
+    return flop_table(shapes, ("adam_spike", "sign", "gauss")).rstrip()
+
+
+def ops_misses(root: Path) -> str:
+    """How many recorded cells the paper's bf16 run misses the 1e-2 accuracy bar on."""
+    cells = [c for c in ops_cells(root, "bench_ops_cpu_recorded") if c.method == "paper_bf16"]
+    return f"{sum(c.rel_err > 1e-2 for c in cells)} of the {len(cells)}"
+
+
+def step_ratio_native(root: Path) -> str:
+    """The main job's step on the CPU with bf16 units (``spectra bench step``): Spectra-AdamW's
+    optimizer step against its AdamW twin's, and the ratio it gives the training step."""
+    rows = {r["name"]: r for r in json_of(
+        root, "docs/data/bench_step_main_job_native_bf16_2threads.json")["rows"]}  # fmt: skip
+    a, s = rows["adamw"], rows["spectra-adamw"]
+    added = s["optimizer_ms"] - a["optimizer_ms"]
+    return (f"optimizer steps of {s['optimizer_ms']:.1f} against {a['optimizer_ms']:.1f} ms (the "
+            f"optimizers stepping in turn): the clip adds {added:.1f} ms, which on AdamW's "
+            f"{a['total_ms']:.1f} ms training step is **{1 + added / a['total_ms']:.3f}×** (the "
+            f"totals, {s['total_ms']:.1f} against {a['total_ms']:.1f} ms, give "
+            f"{s['total_ms'] / a['total_ms']:.3f}×)")  # fmt: skip
+
+
+def step_ratio_main_job(root: Path) -> str:
+    """The main job's runs, Spectra-AdamW against AdamW alternately (``experiments/
+    step_ratio.py``): the medians of their optimizer steps and the ratios of their steps."""
+    pairs = json_of(root, "docs/data/main_job_step_ratio.json")["pairs"]
+
+    def each(f: Callable[[dict], float], fmt: str) -> str:
+        return " and ".join(f"{f(p):{fmt}}" for p in pairs)
+
+    spectra = each(lambda p: p["spectra"]["optimizer_ms"], ".1f")
+    return (f"the optimizer steps' medians are {spectra}"
+            f" ms against {each(lambda p: p['base']['optimizer_ms'], '.1f')} ms: "
+            f"**{each(lambda p: p['by_optimizer_time'], '.3f')}×** by optimizer time. The steps' "
+            f"own medians give {each(lambda p: p['by_step'], '.3f')}×")  # fmt: skip

@@ -1,0 +1,213 @@
+"""Figures quoted inside sentences of the diagnostics, training, operators and optimizers
+pages, each a phrase rendered from its stored run: :data:`PHRASES`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from spectra_lab.blocks.common import json_of, main_job_losses
+
+
+def records(root: Path, name: str, layer_part: str, steps: tuple[int, ...]) -> list[dict]:
+    layers = json_of(root, f"results/diagnostics/{name}/spectra.json")["layers"]
+    return [r for layer, x in layers.items() if layer_part in layer
+            for r in x["records"] if r["step"] in steps]  # fmt: skip
+
+
+def spread(vals: list[float], fmt: str = ".2f") -> str:
+    return f"{min(vals):{fmt}}–{max(vals):{fmt}}"
+
+
+def updates(records: list[dict], key: str = "sigma_max") -> list[float]:
+    return [r["update"][key] for r in records]
+
+
+#: ``spectra analyze``'s recorded steps of the main job's runs (1-based)
+DIAG_STEPS = (1, 15, 150, 297)
+
+
+def late(root: Path) -> str:
+    rs = records(root, "spectra-adamw", "attn.wq", (150, 297))
+    return f"σ_max is {spread(updates(rs))} for `attn.wq`"
+
+
+def late_mlp(root: Path) -> str:
+    rs = records(root, "spectra-adamw", "mlp.w1", (150, 297))
+    return f"{spread(updates(rs), '.1f')} for `mlp.w1`"
+
+
+def warm(root: Path) -> str:
+    attn = records(root, "spectra-adamw", "attn.wq", (15,))
+    mlp = records(root, "spectra-adamw", "mlp.w1", (15,))
+    return f"gives {spread(updates(attn), '.1f')} (bound 20) and {spread(updates(mlp), '.1f')}"
+
+
+def adamw_sigma(root: Path) -> str:
+    sig = updates(records(root, "adamw", "", DIAG_STEPS))
+    return f"its σ_max runs from {min(sig):.1f} to {max(sig):.0f}"
+
+
+def even(root: Path) -> str:
+    rs = records(root, "adamw", "", DIAG_STEPS)
+    grad = [r["grad"]["max_over_median"] for r in rs]
+    return (f"σ_max/median {spread(updates(rs, 'max_over_median'), '.0f')} against "
+            f"{spread(grad, '.0f')}")  # fmt: skip
+
+
+def noise(root: Path) -> dict:
+    return json_of(root, "results/diagnostics/noise/noise.json")
+
+
+def summary(root: Path, key: str, steps: tuple[int, ...]) -> list[float]:
+    recs = [r for x in noise(root)["layers"].values() for r in x["records"]]
+    return [r["summary"][key] for r in recs if r["step"] in steps]
+
+
+def pct(vals: list[float]) -> str:
+    return f"{100 * min(vals):.0f}–{max(vals):.0%}"
+
+
+frac, ratio = "fraction_noise_top_above_signal", "noise_top_over_signal_median"
+
+
+def noise_early(root: Path) -> str:
+    return (f"σ₁(N) > ‖G‖₂ in {pct(summary(root, frac, (1, 8)))} of the samples at steps 1 "
+            f"and 8 (median ratio {spread(summary(root, ratio, (1, 8)))})")  # fmt: skip
+
+
+def noise_late(root: Path) -> str:
+    return (f"{pct(summary(root, frac, (75, 148)))} at steps 75 and 148 (median ratio "
+            f"{spread(summary(root, ratio, (75, 148)))})")  # fmt: skip
+
+
+def spectral(root: Path) -> str:
+    every = (1, 8, 75, 148)
+    n = sum(len(x["records"]) for x in noise(root)["layers"].values())
+    return (
+        f"has median {spread(summary(root, 'spectral_median', every))} over the {n} "
+        f"layer-steps, and {spread(summary(root, 'spectral_median', (75, 148)), '.3f')}"
+    )
+
+
+def chordal(root: Path) -> str:
+    return f"has median {spread(summary(root, 'chordal_median', (1, 8, 75, 148)))}"
+
+
+def chance(root: Path) -> str:
+    vals = [x["chordal_chance"] for x in noise(root)["layers"].values()]
+    return f"= {spread(vals, '.3f')} here"
+
+
+def gap(root: Path) -> str:
+    adamw, spectra = json_of(root, "results/diagnostics/norms/norms.json")["runs"]
+    g = {s: a - b for s, a, b in zip(adamw["steps"], adamw["sum_weight_linf"],
+                                     spectra["sum_weight_linf"], strict=True)}  # fmt: skip
+    return f"the gap reaches {g[131]:.2f} by step 130 and {g[adamw['steps'][-1]]:.2f} at the end"
+
+
+DIAGNOSTICS = {"late": late, "late-mlp": late_mlp, "warm": warm, "adamw-sigma": adamw_sigma,
+           "even": even, "noise-early": noise_early, "noise-late": noise_late,
+           "noise-spectral": spectral, "noise-chordal": chordal, "noise-chance": chance,
+           "norms-gap": gap}  # fmt: skip
+
+
+def main_job(root: Path) -> dict[str, dict[int, float]]:
+    return main_job_losses(root)
+
+
+def repro(root: Path, name: str) -> float:
+    return json_of(root, f"results/main-job/repro/{name}/summary.json")["val_loss"]
+
+
+def repro_same(root: Path) -> str:
+    runs = main_job(root)
+    return f"seed 1337's AdamW twin ends at {runs['adamw'][1337]:.8f} in the sweep"
+
+
+def repro_spectra(root: Path) -> str:
+    return f"Spectra-AdamW at {main_job(root)['spectra-adamw'][1337]:.8f} in each"
+
+
+def repro_generic(root: Path) -> str:
+    runs = main_job(root)
+    a, s = repro(root, "adamw-generic"), repro(root, "spectra-adamw-generic")
+    da, ds = a - runs["adamw"][1337], s - runs["spectra-adamw"][1337]
+    shift = f"{da:+.4f}".replace("-", "−")
+    return f"AdamW ends at {a:.4f} ({shift}) and Spectra-AdamW at {s:.5f} ({ds:+.5f})"
+
+
+def step_clip(root: Path) -> str:
+    out = []
+    for threads in ("2threads", "1thread"):
+        stored = json_of(root, f"docs/data/bench_step_main_job_{threads}.json")
+        rows = {r["name"]: r for r in stored["rows"]}
+        a, s = rows["adamw"], rows["spectra-adamw"]
+        d = s["optimizer_ms"] - a["optimizer_ms"]
+        out.append((d, (a["total_ms"] + d) / a["total_ms"], s["total_ms"] / a["total_ms"]))
+    (d2, r2, t2), (d1, r1, t1) = out
+    return (f"The clip adds {d2:.0f} ms to the optimizer step with two threads and {d1:.0f} "
+            f"ms with one. Added to AdamW's training step, that is **{r2:.2f}×** and "
+            f"**{r1:.2f}×** its time (the totals give {t2:.2f}× and {t1:.2f}×")  # fmt: skip
+
+
+def peers(root: Path) -> dict[str, dict]:
+    rows = json_of(root, "docs/data/bench_optim_peers_cpu_2threads.json")["rows"]
+    return {r["method"]: r for r in rows}
+
+
+def vs_muon(root: Path) -> str:
+    rows = peers(root)
+    return (f"The step takes {rows['spectra-adamw']['vs_muon']:.2f}× torch's Muon with AdamW "
+            f"(D-Muon {rows['spectra-dmuon']['vs_muon']:.2f}×)")  # fmt: skip
+
+
+def fused(root: Path) -> str:
+    return f"slower than its foreach one ({peers(root)['torch-adamw-fused']['time_ratio']:.2f}×)"
+
+
+def peak(root: Path, name: str) -> float:
+    rows = {r["method"]: r for r in json_of(root, f"docs/data/{name}.json")["rows"]}
+    return rows["spectra-adamw"]["peak_bytes"] / rows["torch-adamw"]["peak_bytes"]
+
+
+def memory(root: Path) -> str:
+    return (
+        f"{peak(root, 'bench_optim_memory_cpu_2threads'):.3f}× on the 1024² matrices "
+        f"and {peak(root, 'bench_optim_cpu_2threads'):.3f}× at the 124M shapes"
+    )
+
+
+def memory_before(root: Path) -> str:
+    return f"peaked at {peak(root, 'bench_optim_cpu_2threads_before'):.3f}× torch's foreach"
+
+
+def rates(root: Path) -> list[dict]:
+    names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
+             "bench_ssc_vs_orth_cpu")  # fmt: skip
+    return [json_of(root, f"docs/data/{n}.json")["matmul_gflops"] for n in names]
+
+
+def rate_native(root: Path) -> str:
+    fp32 = [r["fp32"] for r in rates(root)]
+    native = max(r["bf16"] for r in rates(root) if r["bf16"] < 10)
+    return f"about {native:.0f} GFLOP/s against {min(fp32):.0f}–{max(fp32):.0f} GFLOP/s"
+
+
+def rate_emulated(root: Path) -> str:
+    emulated = [r for r in rates(root) if r["bf16"] >= 10]
+    bf, fp = [r["bf16"] for r in emulated], [r["fp32"] for r in emulated]
+    return f"({min(bf):.0f}–{max(bf):.0f} against {min(fp):.0f}–{max(fp):.0f} GFLOP/s measured"
+
+
+QUOTED = {"repro-same": repro_same, "repro-spectra": repro_spectra,
+           "repro-generic": repro_generic, "step-clip": step_clip, "vs-muon": vs_muon,
+           "fused": fused, "memory": memory, "memory-before": memory_before,
+           "rate-native": rate_native, "rate-emulated": rate_emulated}  # fmt: skip
+
+
+#: The phrases by block key.
+PHRASES: dict[str, Callable[[Path], str]] = {
+    **{f"data:diag-{k}": f for k, f in DIAGNOSTICS.items()},
+    **{f"data:q-{k}": f for k, f in QUOTED.items()},
+}
