@@ -293,3 +293,32 @@ def test_moe_deltas_are_each_method_minus_per_expert_at_its_tuned_lr(report):
     )
     with pytest.raises(report.Missing):
         report.moe_table(None)
+
+
+def test_recheck_picks_each_lr_on_its_own_seeds_and_compares_on_the_others(report):
+    pick = {3: 4.0, 4: 4.1, 5: 4.2}
+    worse = {s: v + 0.05 for s, v in pick.items()}
+
+    def picking(name, best, other):
+        return [({"optimizer": name, "lr": best}, pick, None),
+                ({"optimizer": name, "lr": other}, worse, None)]  # fmt: skip
+
+    names = ("dmuon", "spectra-adamw", "spectra-signum", "soap")
+    recheck = sweep(*[g for n in names for g in picking(n, 1e-3, 2e-3)])
+    assert {n: lr for n, (lr, _) in report.picked_lrs(recheck).items()} == dict.fromkeys(
+        names, 1e-3
+    )
+    # the comparison seeds at the picked lr, from whichever sweep ran them: B − A = +0.098
+    longer = sweep(({"optimizer": "dmuon", "lr": 1e-3}, A, None),
+                   ({"optimizer": "spectra-adamw", "lr": 1e-3}, B, None))  # fmt: skip
+    compare = sweep(({"optimizer": "spectra-signum", "lr": 1e-3}, A, None),
+                    ({"optimizer": "soap", "lr": 1e-3}, B, None))  # fmt: skip
+    table = report.recheck_table(recheck, {"longer": longer, "recheck-compare": compare})
+    assert row_of(table, "| dmuon |").endswith("| (reference) |  |")
+    assert f"| {UP} | D-Muon lower |" in row_of(table, "| spectra-adamw |")
+    assert "| 0.001: 4.100, 0.002: 4.150 | 0.001 |" in row_of(table, "| soap |")
+    # a picking seed or a comparison seed missing: the block waits
+    with pytest.raises(report.Missing, match="soap has not run every lr"):
+        report.picked_lrs(sweep(*[g for n in names[:3] for g in picking(n, 1e-3, 2e-3)]))
+    with pytest.raises(report.Missing, match=r"spectra-signum at lr 0\.001 has not run on"):
+        report.recheck_table(recheck, {"longer": longer})

@@ -383,6 +383,62 @@ def longer_lr_table(longer: dict | None, longer_lr: dict | None) -> str:
     return "\n".join(rows)
 
 
+#: recheck-lr.yaml's methods and the points that select their runs (D-Muon with float32
+#: Newton–Schulz, as in longer.yaml)
+RECHECK = {
+    name: {"optimizer": name} for name in ("dmuon", "spectra-adamw", "spectra-signum", "soap")
+}
+#: the seeds an lr is picked on, apart from the comparison's (0, 1, 2)
+PICK_SEEDS = (3, 4, 5)
+
+
+def picked_lrs(recheck: dict | None) -> dict[str, tuple[float, dict[float, dict[int, float]]]]:
+    """Per method of the re-check: its lr with the lowest mean loss over the picking seeds, and
+    every lr's losses by seed. ``Missing`` until every lr has all its picking seeds."""
+    out = {}
+    for name, point in RECHECK.items():
+        lrs = sorted({r["point"]["lr"] for r in (recheck or {}).get("runs", [])
+                      if all(r["point"].get(k) == v for k, v in point.items())})  # fmt: skip
+        by_lr = {lr: per_seed(recheck, **point, lr=lr) for lr in lrs}
+        if not lrs or any(sorted(v) != list(PICK_SEEDS) for v in by_lr.values()):
+            raise Missing(f"recheck-lr: {name} has not run every lr on seeds {PICK_SEEDS}")
+        out[name] = (best_lr(by_lr), by_lr)
+    return out
+
+
+def compared_at(name: str, lr: float, sweeps: dict[str, dict | None]) -> dict[int, float]:
+    """The comparison seeds' losses of ``name`` at ``lr`` (600 steps), from whichever sweep ran
+    them: longer.yaml (the 200-step tuned lrs), longer-lr.yaml (×0.5, ×2 of the leaders') or
+    recheck-compare.yaml (the rest)."""
+    for sweep in ("longer", "longer-lr", "recheck-compare"):
+        runs = (sweeps.get(sweep) or {}).get("runs", [])
+        vals = {r["seed"]: r["val_loss"] for r in runs
+                if r["point"].get("optimizer") == name and r["val_loss"] is not None
+                and math.isclose(r["point"].get("lr", math.nan), lr)}  # fmt: skip
+        if vals:
+            return vals
+    return {}
+
+
+def recheck_table(recheck: dict | None, sweeps: dict[str, dict | None]) -> str:
+    """Every method of the re-check at its own best lr, picked on seeds 3-5 and compared on
+    seeds 0-2, with the paired Δ against D-Muon at its own."""
+    picked = picked_lrs(recheck)
+    at = {name: compared_at(name, lr, sweeps) for name, (lr, _) in picked.items()}
+    for name, vals in at.items():
+        if sorted(vals) != [0, 1, 2]:
+            raise Missing(f"{name} at lr {picked[name][0]:g} has not run on seeds 0-2")
+    rows = ["| method | lrs tried (seeds 3-5: mean loss) | picked lr | final val loss, seeds 0-2 "
+            "| Δ = loss − D-Muon's (paired) | verdict |", "|---|---|---:|---|---|---|"]  # fmt: skip
+    for name, (lr, by_lr) in picked.items():
+        tried = ", ".join(f"{x:g}: {statistics.fmean(v.values()):.3f}" for x, v in by_lr.items())
+        d = None if name == "dmuon" else paired(at["dmuon"], at[name])
+        diff = "(reference)" if d is None else fmt_diff(d)
+        verdict = "" if d is None else difference(d, "D-Muon lower", f"{name} lower")
+        rows.append(f"| {name} | {tried} | {lr:g} | {mean_std(at[name])} | {diff} | {verdict} |")
+    return "\n".join(rows)
+
+
 NS_CASES = [
     ("paper, N_s = 5, bf16", {"clip_method": "paper", "clip_ns_steps": 5,
                               "clip_ns_dtype": "bfloat16"}),
@@ -980,6 +1036,10 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
         "moe": lambda: moe_table(load("seeds", MOE)),
         "longer": lambda: longer_table(load("longer", results), seeds),
         "longer-lr": lambda: longer_lr_table(load("longer", results), load("longer-lr", results)),
+        "recheck": lambda: recheck_table(
+            load("recheck-lr", results),
+            {s: load(s, results) for s in ("longer", "longer-lr", "recheck-compare")},
+        ),
         "ns": lambda: ns_md,
         "fixed": lambda: fx_md,
         "overhead": lambda: overhead_table(seeds),
