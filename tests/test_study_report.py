@@ -322,3 +322,24 @@ def test_recheck_picks_each_lr_on_its_own_seeds_and_compares_on_the_others(repor
         report.picked_lrs(sweep(*[g for n in names[:3] for g in picking(n, 1e-3, 2e-3)]))
     with pytest.raises(report.Missing, match=r"spectra-signum at lr 0\.001 has not run on"):
         report.recheck_table(recheck, {"longer": longer})
+
+
+def test_soft_muon_and_dmuon_preclip_tables_pair_against_dmuon(report):
+    def soft(kappa, lr, losses):
+        return ({"optimizer": "dmuon", "optimizer_kwargs": {"soft_kappa": kappa}, "lr": lr},
+                losses, None)  # fmt: skip
+
+    tried = ((1e-3, 4.2), (2e-3, 4.1))
+    select = sweep(*[soft(k, lr, {3: loss}) for k in report.SOFT_KAPPAS for lr, loss in tried])
+    compare = sweep(*[soft(k, 2e-3, B) for k in report.SOFT_KAPPAS])
+    table = report.soft_muon_table(select, compare, A)
+    row = row_of(table, "| 0.3 |")
+    assert "| 0.001: 4.200, 0.002: 4.100 | 0.002 |" in row and f"| {UP} | D-Muon lower |" in row
+    with pytest.raises(report.Missing, match="has not run on seeds 0-2"):
+        report.soft_muon_table(select, None, A)
+    pre = sweep(({"pre_clip_schedule": "cosine"}, B, None), ({"pre_clip_kappa": 1.0}, B, None),
+                ({"pre_clip_kappa": 2.0}, A, None))  # fmt: skip
+    table = report.dmuon_preclip_table(pre, A)
+    assert f"| {UP} | D-Muon alone lower |" in row_of(table, "| adaptive, κ = 1 |")
+    # identical losses: no difference
+    assert row_of(table, "| adaptive, κ = 2 |").endswith("| no difference |")

@@ -392,11 +392,15 @@ RECHECK = {
 PICK_SEEDS = (3, 4, 5)
 
 
-def picked_lrs(recheck: dict | None) -> dict[str, tuple[float, dict[float, dict[int, float]]]]:
-    """Per method of the re-check: its lr with the lowest mean loss over the picking seeds, and
-    every lr's losses by seed. ``Missing`` until every lr has all its picking seeds."""
+def picked_lrs(
+    recheck: dict | None, names: tuple[str, ...] = tuple(RECHECK)
+) -> dict[str, tuple[float, dict[float, dict[int, float]]]]:
+    """Per method of the re-check (``names``): its lr with the lowest mean loss over the picking
+    seeds, and every lr's losses by seed. ``Missing`` until every lr has all its picking
+    seeds."""
     out = {}
-    for name, point in RECHECK.items():
+    for name in names:
+        point = RECHECK[name]
         lrs = sorted({r["point"]["lr"] for r in (recheck or {}).get("runs", [])
                       if all(r["point"].get(k) == v for k, v in point.items())})  # fmt: skip
         by_lr = {lr: per_seed(recheck, **point, lr=lr) for lr in lrs}
@@ -436,6 +440,62 @@ def recheck_table(recheck: dict | None, sweeps: dict[str, dict | None]) -> str:
         diff = "(reference)" if d is None else fmt_diff(d)
         verdict = "" if d is None else difference(d, "D-Muon lower", f"{name} lower")
         rows.append(f"| {name} | {tried} | {lr:g} | {mean_std(at[name])} | {diff} | {verdict} |")
+    return "\n".join(rows)
+
+
+#: the soft orthogonalization's κ axis (soft-muon-lr.yaml), from near Muon to near SGD-M
+SOFT_KAPPAS = (0.03, 0.1, 0.3, 1.0, 3.0)
+
+
+def soft_kappa_of(run: dict) -> float | None:
+    return (run["point"].get("optimizer_kwargs") or {}).get("soft_kappa")
+
+
+def soft_muon_table(select: dict | None, compare: dict | None, dmuon: dict[int, float]) -> str:
+    """The soft-Muon axis: for each κ, the lr picked on seed 3 (soft-muon-lr.yaml) and the
+    final loss on seeds 0-2 at it (soft-muon.yaml), paired against D-Muon at its best lr."""
+    rows = ["| κ | lrs tried (seed 3: loss) | picked lr | final val loss, seeds 0-2 | "
+            "Δ = loss − D-Muon's (paired) | verdict |", "|---:|---|---:|---|---|---|"]  # fmt: skip
+    for kappa in SOFT_KAPPAS:
+        tried = {r["point"]["lr"]: r["val_loss"] for r in (select or {}).get("runs", [])
+                 if soft_kappa_of(r) == kappa and r["val_loss"] is not None}  # fmt: skip
+        if not tried:
+            raise Missing(f"soft-muon-lr: κ = {kappa:g} has not run")
+        lr = min(tried, key=tried.get)
+        vals = {r["seed"]: r["val_loss"] for r in (compare or {}).get("runs", [])
+                if soft_kappa_of(r) == kappa and r["val_loss"] is not None
+                and math.isclose(r["point"].get("lr", math.nan), lr)}  # fmt: skip
+        if sorted(vals) != [0, 1, 2]:
+            raise Missing(f"soft-muon: κ = {kappa:g} at lr {lr:g} has not run on seeds 0-2")
+        d = paired(dmuon, vals)
+        listed = ", ".join(f"{x:g}: {v:.3f}" for x, v in sorted(tried.items()))
+        rows.append(f"| {kappa:g} | {listed} | {lr:g} | {mean_std(vals)} | {fmt_diff(d)} | "
+                    f"{difference(d, 'D-Muon lower', f'κ = {kappa:g} lower')} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def dmuon_best(results: Path = RESULTS) -> dict[int, float]:
+    """D-Muon at its best lr of the re-check, on the comparison seeds 0-2."""
+    lr, _ = picked_lrs(load("recheck-lr", results), ("dmuon",))["dmuon"]
+    sweeps = {s: load(s, results) for s in ("longer", "longer-lr", "recheck-compare")}
+    return compared_at("dmuon", lr, sweeps)
+
+
+def dmuon_preclip_table(preclip: dict | None, dmuon: dict[int, float]) -> str:
+    """D-Muon with SPECTRA's pre-clip (dmuon-preclip.yaml) against D-Muon alone, paired."""
+    cases = [("cosine, c from 10 to 0.01", {"pre_clip_schedule": "cosine"}),
+             ("adaptive, κ = 1", {"pre_clip_kappa": 1.0}),
+             ("adaptive, κ = 2", {"pre_clip_kappa": 2.0})]  # fmt: skip
+    rows = ["| pre-clip | final val loss, seeds 0-2 | Δ = loss − D-Muon's (paired) | verdict |",
+            "|---|---|---|---|",
+            f"| none (D-Muon) | {mean_std(dmuon)} | (reference) | |"]  # fmt: skip
+    for label, point in cases:
+        vals = per_seed(preclip, **point)
+        if sorted(vals) != [0, 1, 2]:
+            raise Missing(f"dmuon-preclip: {label} has not run on seeds 0-2")
+        d = paired(dmuon, vals)
+        rows.append(f"| {label} | {mean_std(vals)} | {fmt_diff(d)} | "
+                    f"{difference(d, 'D-Muon alone lower', 'pre-clipped lower')} |")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -1039,6 +1099,12 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
         "recheck": lambda: recheck_table(
             load("recheck-lr", results),
             {s: load(s, results) for s in ("longer", "longer-lr", "recheck-compare")},
+        ),
+        "soft-muon": lambda: soft_muon_table(
+            load("soft-muon-lr", results), load("soft-muon", results), dmuon_best(results)
+        ),
+        "dmuon-preclip": lambda: dmuon_preclip_table(
+            load("dmuon-preclip", results), dmuon_best(results)
         ),
         "ns": lambda: ns_md,
         "fixed": lambda: fx_md,
