@@ -301,3 +301,58 @@ def mixed_errors(root: Path) -> str:
     paper = [_shared_exponent(r["paper_bf16_min"], r["paper_bf16_max"]) for r in rows]
     body = [["`mixed` (worst case)", *mixed], ["paper, bf16 (N_s = 10)", *paper]]
     return table(head, body, "")
+
+
+OPERATOR_ERRORS = "docs/data/operator_errors_spiked.json"
+
+
+def _e(x: float) -> str:
+    return f"{x:.1e}".replace("e-0", "e-")
+
+
+def _err_range(lo: float, hi: float) -> str:
+    """An error range as the operator tables write it: ``3.8–4.3e-4``, ``2.0e-5`` where the two
+    round alike, ``0.09–0.17`` from 0.05 on."""
+    if hi >= 0.05:
+        return f"{lo:.2f}–{hi:.2f}"
+    exp = math.floor(math.log10(hi))
+    a, b = f"{lo / 10**exp:.1f}", f"{hi / 10**exp:.1f}"
+    return f"{b}e{exp}" if a == b else f"{a}–{b}e{exp}"
+
+
+def polar_errors(root: Path) -> str:
+    """``experiments/operator_errors.py``: ``polar`` on one 768×3072 spiked matrix per kind."""
+    rows = json_of(root, OPERATOR_ERRORS)["polar"]
+    body = [[f"{r['sigma_over_c']:g}", f"{r['steps']} ({r['dtype'].replace('float', 'fp')})",
+             _e(r["polar"]), _e(r["polar_fp32"]), f"{r['paper_fp32']:.2f}"]
+            for r in rows]  # fmt: skip
+    head = ["σ_max/c", "polar steps (precision)", "polar (auto precision)", "polar forced float32",
+            "paper N_s=10 fp32"]  # fmt: skip
+    return table(head, body, "")
+
+
+def eigh_errors(root: Path) -> str:
+    """``experiments/operator_errors.py``: the float32 ``eigh`` path alone."""
+    rows = json_of(root, OPERATOR_ERRORS)["eigh"]
+    head = ["σ_max/c", *(f"{r['sigma_over_c']:g}" for r in rows)]
+    body = [["float32 `eigh` error", *(_err_range(r["min"], r["max"]) for r in rows)]]
+    return table(head, body, "")
+
+
+def split_errors(root: Path) -> str:
+    """``experiments/operator_errors.py``: ``polar`` by default and with split bf16 products (which
+    hands over to float32, then float64, as α = 1 + (σ_max/c)² passes 10⁴ and 10⁵), and the
+    paper's bf16 run."""
+    rows = json_of(root, OPERATOR_ERRORS)["split"]
+
+    def split(r: dict) -> str:
+        alpha = 1 + r["sigma_over_c"] ** 2
+        if alpha <= 1e4:
+            return _err_range(*r["polar_split_bf16"])
+        return "(float32)" if alpha <= 1e5 else "(float64)"
+
+    head = ["σ_max/c", *(f"{r['sigma_over_c']:g}" for r in rows)]
+    body = [["`polar`, float32", *(_err_range(*r["polar"]) for r in rows)],
+            ["`polar`, split bf16", *(split(r) for r in rows)],
+            ["paper, bf16 (N_s = 10)", *(_err_range(*r["paper_bf16"]) for r in rows)]]  # fmt: skip
+    return table(head, body, "")
