@@ -356,3 +356,37 @@ def split_errors(root: Path) -> str:
             ["`polar`, split bf16", *(split(r) for r in rows)],
             ["paper, bf16 (N_s = 10)", *(_err_range(*r["paper_bf16"]) for r in rows)]]  # fmt: skip
     return table(head, body, "")
+
+
+def _outward(lo: float, hi: float, decimals: int) -> str:
+    """``[lo, hi]`` rounded outward, so that the printed band holds the computed one."""
+    k = 10**decimals
+    return f"[{math.floor(lo * k) / k:.{decimals}f}, {math.ceil(hi * k) / k:.{decimals}f}]"
+
+
+def _composed_band(coeffs: list[tuple[float, float, float]], lo: float) -> tuple[float, float]:
+    """The range of ``p_K∘…∘p_1(s)`` over ``s ∈ [lo, 1]`` (a fine geometric grid)."""
+    import numpy as np
+
+    s = np.geomspace(lo, 1.0, 20001)
+    for a, b, c in coeffs:
+        s = a * s + b * s**3 + c * s**5
+    return float(s.min()), float(s.max())
+
+
+def orth_bands(root: Path) -> str:
+    """The singular-value bands of ``orthogonalize``'s iterations: the composition of their
+    quintics on ``s = σ/‖X‖_F`` (exact arithmetic), computed from the coefficients."""
+    from spectra.ops.muon import MUON_NS_COEFFS
+    from spectra.ops.quintics import ORTH_COEFFS
+
+    muon = [MUON_NS_COEFFS] * 5
+    coeffs = ", ".join(f"{x:.4f}".replace("-", "−") for x in MUON_NS_COEFFS)
+    rows = [[f"`muon` ({coeffs})", "5", _outward(*_composed_band(muon, 1e-3), 2),
+             _outward(*_composed_band(muon, 1e-2), 2)]]  # fmt: skip
+    for steps, decimals in ((5, 3), (6, 4)):
+        band = [_outward(*_composed_band(list(ORTH_COEFFS[:steps]), lo), decimals)
+                for lo in (1e-3, 1e-2)]  # fmt: skip
+        rows.append(["`polar_express`", str(steps), *band])
+    rows.append(["`svd`", "—", "exactly 1 (0 for σ ≤ σ_max·max(m,n)·ε₆₄)", ""])
+    return table(["method", "steps", "band for `s ≥ 10⁻³`", "band for `s ≥ 10⁻²`"], rows, "")
