@@ -22,8 +22,8 @@ def polar_express(
     ``X₀ = X/(safety·‖X‖_F)``, then ``A = XXᵀ``, ``X ← aₖX + (bₖA + cₖA²)X`` with the
     hard-coded schedule designed for singular values in ``[10⁻³, 1]``. After ``K`` steps every
     singular value with ``σ/(safety·‖X‖_F) ≥ 10⁻³`` lies in the band
-    :func:`spectra.ops.quintics.polar_express_band` ``(K)`` (exact arithmetic): [0.876, 1.124]
-    for 5 steps, [0.9986, 1.0014] for 6. Smaller ones end in ``(0, 1.124]``.
+    :func:`spectra.ops.quintics.polar_express_band` ``(K)`` (exact arithmetic): [0.875, 1.125]
+    for 5 steps, [0.9986, 1.0014] for 6. Smaller ones end in ``(0, 1.125]``.
     """
     _check(Options(ns_steps=ns_steps))
     coeffs = ORTH_COEFFS

@@ -243,7 +243,7 @@ def orthogonalize(
             with ``σ/‖X‖_F ≥ 10⁻²`` end in [0.68, 1.14] after 5 steps, those ``≥ 10⁻³`` in
             [0.47, 1.21]), or
             ``"polar_express"`` (greedy minimax quintics, ``ns_steps`` steps in ``ns_dtype``,
-            default float32; band [0.876, 1.124] after 5 steps, [0.9986, 1.0014] after 6,
+            default float32; band [0.875, 1.125] after 5 steps, [0.9986, 1.0014] after 6,
             for ``σ/‖X‖_F ≥ 10⁻³``). The bands are computed in docs/operators.md.
         ns_steps: iterations of the ``"muon"``/``"polar_express"`` schedules.
         ns_dtype: working precision of the iterative methods.
