@@ -96,6 +96,19 @@ def test_optimizer_state_memory_equals_the_papers_formula(name):
     assert r["state_elements"] == r["formula_elements"], r
 
 
+def test_bench_memory_prints_and_stores_its_table(tmp_path, capsys):
+    from spectra_lab.bench.memory import format_table, measure
+
+    path = tmp_path / "memory.json"
+    assert main(["bench", "memory", "--preset", "tiny", "--optimizer", "adamw", "dmuon",
+                 "--json", str(path)]) == 0  # fmt: skip
+    stored = json.loads(path.read_text())
+    assert stored["preset"] == "tiny" and stored["machine"]["cpu"]
+    assert [r["optimizer"] for r in stored["rows"]] == ["adamw", "dmuon"]
+    assert stored["rows"][0] == json.loads(json.dumps(measure("adamw", "tiny")))
+    assert format_table(stored["rows"]) in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_every_registered_optimizer_carries_its_state_size(name):
     # The registry's row states the formula; a real instance on small float32 parameters

@@ -26,7 +26,7 @@ STRAYS = {
     "docs/gpu.md": 4,
     "docs/machines.md": 0,
     "docs/operators.md": 163,
-    "docs/optimizers.md": 48,
+    "docs/optimizers.md": 28,
     "docs/results.md": 70,
     "docs/scale.md": 29,
     "docs/synthetic.md": 28,

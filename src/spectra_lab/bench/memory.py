@@ -93,6 +93,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--optimizer", nargs="+", choices=sorted(OPTIMIZERS), default=list(DEFAULT_OPTIMIZERS),
         metavar="OPT", help="optimizers of the registry (default: the paper's and their twins)",
     )  # fmt: skip
+    parser.add_argument("--json", help="also write the rows here (what docs/ renders)")
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The Markdown table of :func:`measure`'s rows: state per parameter, measured and by the
+    paper's formula."""
+    lines = ["| optimizer | state (x M) | formula | formula (x M) | measured = formula |",
+             "|---|---:|---|---:|---|"]  # fmt: skip
+    for r in rows:
+        same = "yes" if r["state_elements"] == r["formula_elements"] else "no"
+        lines.append(f"| {r['optimizer']} | {r['factor']:.3f} | {r['formula']} "
+                     f"| {r['formula_elements'] / r['parameters']:.3f} | {same} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,12 +120,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CLIError(str(exc)) from None
     print(f"preset {args.preset}: M = {rows[0]['parameters']:,} parameters\n")
-    print("| optimizer | state (x M) | formula | formula (x M) | measured = formula |")
-    print("|---|---:|---|---:|---|")
-    for r in rows:
-        same = "yes" if r["state_elements"] == r["formula_elements"] else "no"
-        print(
-            f"| {r['optimizer']} | {r['factor']:.3f} | {r['formula']} "
-            f"| {r['formula_elements'] / r['parameters']:.3f} | {same} |"
-        )
+    print(format_table(rows))
+    if args.json:
+        from spectra_lab.bench.precision import device_about
+        from spectra_lab.files import write_json_atomic
+
+        report = {"preset": args.preset, "machine": device_about("cpu"), "rows": rows}
+        write_json_atomic(args.json, report)
     return 0

@@ -29,6 +29,7 @@ from spectra_lab.blocks.bench import (
     polar_errors,
     polar_flops,
     split_errors,
+    state_memory,
     step_ratio_main_job,
     step_ratio_native,
 )
@@ -97,6 +98,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:eigh-errors": eigh_errors,
     "data:split-errors": split_errors,
     "data:orth-bands": orth_bands,
+    "data:state-memory": state_memory,
     "data:bench-ops-misses": ops_misses,
     "data:gpu-peaks": gpu_peaks,
     "data:step-ratio-native": step_ratio_native,

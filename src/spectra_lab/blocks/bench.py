@@ -390,3 +390,11 @@ def orth_bands(root: Path) -> str:
         rows.append(["`polar_express`", str(steps), *band])
     rows.append(["`svd`", "—", "exactly 1 (0 for σ ≤ σ_max·max(m,n)·ε₆₄)", ""])
     return table(["method", "steps", "band for `s ≥ 10⁻³`", "band for `s ≥ 10⁻²`"], rows, "")
+
+
+def state_memory(root: Path) -> str:
+    """``spectra bench memory``'s stored rows: each optimizer's state, measured and by the
+    paper's formula."""
+    from spectra_lab.bench.memory import format_table
+
+    return format_table(json_of(root, "docs/data/bench_memory_cpu_small.json")["rows"])
