@@ -398,3 +398,25 @@ def state_memory(root: Path) -> str:
     from spectra_lab.bench.memory import format_table
 
     return format_table(json_of(root, "docs/data/bench_memory_cpu_small.json")["rows"])
+
+
+def native_step(root: Path) -> str:
+    """The 124M optimizer step on the CPU with bf16 units: the default (``mixed``), the wrapper
+    around torch's AdamW and the exact ``eigh`` against the paper's bf16 wrapper, and their peak
+    memory against torch's AdamW."""
+    rows = {r["method"]: r for r in json_of(
+        root, "docs/data/bench_optim_cpu_native_bf16_2threads.json")["rows"]}  # fmt: skip
+    paper = rows["paper-wrap-bf16"]
+
+    def time(m: str) -> str:
+        return f"{rows[m]['step_s'] / paper['step_s']:.2f}×"
+
+    def peak(m: str) -> str:
+        return f"{rows[m]['peak_bytes'] / rows['torch-adamw']['peak_bytes']:.2f}×"
+
+    return (f"the default step is at {time('spectra-adamw')} the paper's bf16 wrapper (the "
+            f"wrapper around torch's AdamW, which clips an eighth of the parameters at a time, "
+            f"{time('spectra-wrap')}; the exact `eigh` {time('spectra-adamw-eigh')}), and its "
+            f"peak memory is {peak('spectra-adamw')} torch's AdamW's, against "
+            f"{peak('spectra-adamw-eigh')} for `eigh` and {peak('paper-wrap-bf16')} for the "
+            f"paper's wrapper")  # fmt: skip
