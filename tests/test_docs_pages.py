@@ -26,7 +26,7 @@ STRAYS = {
     "docs/gpu.md": 4,
     "docs/machines.md": 0,
     "docs/operators.md": 152,
-    "docs/optimizers.md": 28,
+    "docs/optimizers.md": 11,
     "docs/results.md": 70,
     "docs/scale.md": 29,
     "docs/synthetic.md": 28,
