@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from spectra_lab.blocks.common import sci
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data"
 
@@ -92,15 +94,6 @@ def test_stored_traffic_counts_agree_with_the_model():
 # --------------------------------------------------------------------------- diagnostics
 
 
-def diag(name: str) -> dict:
-    return data(f"results/diagnostics/{name}/spectra.json")
-
-
-def records(name: str, layer_part: str, steps: tuple[int, ...]) -> list[dict]:
-    return [r for layer, x in diag(name)["layers"].items() if layer_part in layer
-            for r in x["records"] if r["step"] in steps]  # fmt: skip
-
-
 def test_the_monitored_runs_train_as_the_main_job():
     # (the diagnostics page's figures are generated blocks, data:diag-*)
     for name in ("adamw", "spectra-adamw"):
@@ -111,26 +104,11 @@ def test_the_monitored_runs_train_as_the_main_job():
 # --------------------------------------------------------------------------- operators
 
 
-def ops_cells(which: str, **match) -> list[dict]:
-    cells = data(f"docs/data/bench_ops_cpu_{which}.json")["cells"]
-    return [c for c in cells if all(c[k] in v for k, v in match.items())]
-
-
-def sci(x: float) -> str:
-    """``4.9e-6``: one decimal, the exponent without a leading zero."""
-    mant, exp = f"{x:.1e}".split("e")
-    return f"{mant}e{int(exp)}"
-
-
 def test_the_weight_norms_stay_within_two_percent():
     adamw, spectra = data("results/diagnostics/norms/norms.json")["runs"]
     drift = max(abs(b / a - 1) for a, b in zip(adamw["sum_weight_fro"], spectra["sum_weight_fro"],
                                                strict=True))  # fmt: skip
     assert drift < 0.02  # "within 2% of each other all along"
-
-
-def minmax(vals):
-    return min(vals), max(vals)
 
 
 def test_readme_reproducibility_figures_are_the_stored_repeats():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from spectra_lab.blocks.runs import per_doubling
 from spectra_lab.estimate.plan import _duration, plan
 from spectra_lab.train.config import TrainConfig, build_config, read_config_file
 
@@ -273,12 +274,6 @@ def test_scale_mfu_of_the_papers_step_times():
 
 COORD = ROOT / "results" / "mup" / "coord-check" / "coord_check.json"
 LR_TRANSFER = ROOT / "results" / "mup" / "lr-transfer" / "results.json"
-
-
-def per_doubling(runs: dict, widths: list[int], layer: str, step: int) -> float:
-    """Growth of a layer's RMS per doubling of the width: the slope of a power law in log2."""
-    y = np.log2([runs[str(w)][layer][step] for w in widths])
-    return float(2 ** np.polyfit(np.log2(widths), y, 1)[0])
 
 
 def test_scale_coordinate_check_figures_are_the_stored_run():

@@ -214,6 +214,24 @@ def test_route_is_chosen_by_volume():
         dist.destroy_process_group()
 
 
+def dtensor_stub(sizes: tuple[int, ...], dims: tuple[int, ...], shape=None):
+    """What the routes' volume model reads of a float32 DTensor on a mesh of ``sizes``, split
+    along tensor dimensions ``dims`` (one per mesh dimension): no process needed."""
+    from torch.distributed.tensor import Shard
+
+    class Mesh:
+        pass
+
+    class Stub:
+        device_mesh = Mesh()
+        dtype = torch.float32
+        device = torch.device("cpu")
+
+    Mesh.shape = sizes
+    Stub.shape, Stub.placements = shape, tuple(Shard(d) for d in dims)
+    return Stub()
+
+
 @pytest.mark.parametrize(
     ("shape", "placements", "sizes", "gram"),
     [
@@ -226,18 +244,8 @@ def test_route_is_chosen_by_volume():
 )
 def test_volume_model(shape, placements, sizes, gram):
     """The model of route_of on stand-ins for DTensors of large meshes (no process needed)."""
-    from torch.distributed.tensor import Shard
-
-    class Mesh:
-        shape = sizes
-
-    class Stub:
-        device_mesh = Mesh()
-        dtype = torch.float32
-        device = torch.device("cpu")
-
-    Stub.placements = [Shard(int(p[1])) for p in placements]
-    route = spectra_dist.route_of(Stub(), shape)
+    stub = dtensor_stub(sizes, tuple(int(p[1]) for p in placements))
+    route = spectra_dist.route_of(stub, shape)
     assert route.gram == gram
     m, n = shape
     total = 1
@@ -457,36 +465,25 @@ def test_gram_route_clips_each_expert_and_block_of_a_sharded_tensor_as_its_own(t
                 torch.testing.assert_close(got["out"][shape, op.kind], want, rtol=1e-9, atol=1e-11)
 
 
+#: 64 experts of (4096, 1024)
+EXPERTS = (64, 4096, 1024)
+
+
 def test_layout_route_reduces_over_the_axis_whose_gram_matrices_are_smaller():
-    from torch.distributed.tensor import Shard
-
-    def stub(sizes, dims):
-        class Mesh:
-            shape = sizes
-
-        class Stub:
-            device_mesh = Mesh()
-            dtype = torch.float32
-            device = torch.device("cpu")
-            shape = (64, 4096, 1024)  # 64 experts of (4096, 1024)
-            placements = tuple(Shard(d) for d in dims)
-
-        return Stub()
-
     experts = MatrixLayout(1)
     # experts over the first mesh dimension, their long rows over the second: a Gram matrix of
     # 1024² per expert (float32), reduced over 8 ranks, each holding 8 experts
-    route = spectra_dist.layout_route(stub((8, 8), (0, 1)), experts)
+    route = spectra_dist.layout_route(dtensor_stub((8, 8), (0, 1), EXPERTS), experts)
     assert (route.gram, route.transposed, route.reduce_dims, route.gather_dims) == (
         True, True, (1,), ())  # fmt: skip
     assert route.volume == pytest.approx((1 - 1 / 8) * 4 * 64 * (2 * 1024**2 + 1) / 8)
     # on one mesh dimension: the long rows split, Gram matrices of 1024²; the short columns
     # split, Gram matrices of 4096², larger than the experts themselves: the whole route
-    rows = spectra_dist.layout_route(stub((8,), (1,)), experts)
+    rows = spectra_dist.layout_route(dtensor_stub((8,), (1,), EXPERTS), experts)
     assert rows.gram and rows.transposed
     assert rows.volume == pytest.approx((1 - 1 / 8) * 4 * 64 * (2 * 1024**2 + 1))
-    columns = spectra_dist.layout_route(stub((8,), (2,)), experts)
+    columns = spectra_dist.layout_route(dtensor_stub((8,), (2,), EXPERTS), experts)
     assert not columns.gram
     assert columns.volume == pytest.approx((1 - 1 / 8) * 4 * 64 * 4096 * 1024 * (1 + 1 / 8))
     # experts split alone: each rank holds whole experts and clips them where they lie
-    assert spectra_dist.holds_whole_matrices(stub((8, 8), (0, 0)), experts)
+    assert spectra_dist.holds_whole_matrices(dtensor_stub((8, 8), (0, 0), EXPERTS), experts)

@@ -284,21 +284,13 @@ def _power(x: float) -> str:
     return f"{x:g}" if x < 1000 else "10" + str(round(math.log10(x))).translate(SUPERSCRIPTS)
 
 
-def _shared_exponent(lo: float, hi: float) -> str:
-    """``3.5–4.8e-3`` (one exponent for both) below 0.05, ``0.09–0.17`` above."""
-    if hi >= 0.05:
-        return f"{lo:.2f}–{hi:.2f}"
-    exp = math.floor(math.log10(hi))
-    return f"{lo / 10**exp:.1f}–{hi / 10**exp:.1f}e{exp}"
-
-
 def mixed_errors(root: Path) -> str:
     """``experiments/mixed_error_sweep.py --spiked``: ``mixed``'s worst error and the paper's
     bf16 run's range on spiked spectra, per σ_max/c."""
     rows = json_of(root, "docs/data/mixed_error_spiked.json")["rows"]
     head = ["σ_max/c", *(_power(r["sigma_over_c"]) for r in rows)]
     mixed = [f"{r['mixed_worst']:.1e}".replace("e-0", "e-") for r in rows]
-    paper = [_shared_exponent(r["paper_bf16_min"], r["paper_bf16_max"]) for r in rows]
+    paper = [_err_range(r["paper_bf16_min"], r["paper_bf16_max"]) for r in rows]
     body = [["`mixed` (worst case)", *mixed], ["paper, bf16 (N_s = 10)", *paper]]
     return table(head, body, "")
 

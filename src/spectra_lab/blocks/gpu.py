@@ -30,9 +30,8 @@ def gpu_ops(root: Path) -> str:
     h200, h100 = latest_gpu(root, "H200"), latest_gpu(root, "H100")
     a, a32 = (ops_figures(h200 / f"{p}.json")["auto"] for p in ("bench_ops", "bench_ops_tf32"))
     b, b32 = (ops_figures(h100 / f"{p}.json")["auto"] for p in ("bench_ops", "bench_ops_tf32"))
-    n = len(json.loads((h200 / "bench_ops.json").read_text())["cells"]) // len(
-        {c["method"] for c in json.loads((h200 / "bench_ops.json").read_text())["cells"]}
-    )
+    cells = json.loads((h200 / "bench_ops.json").read_text())["cells"]
+    n = len(cells) // len({c["method"] for c in cells})
     return (f"`auto` takes {a[0]:.2f}× the paper's bf16 run on the H200 (median of {n} cells; "
             f"{a32[0]:.2f}× with TF32) at ≤ {sci(a[1])} error on float32 inputs, and "
             f"{b[0]:.2f}× ({b32[0]:.2f}×) on the H100")  # fmt: skip

@@ -6,17 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from spectra_lab.blocks.common import json_of, main_job_losses
+from spectra_lab.blocks.common import json_of, main_job_losses, value_range
 
 
 def records(root: Path, name: str, layer_part: str, steps: tuple[int, ...]) -> list[dict]:
     layers = json_of(root, f"results/diagnostics/{name}/spectra.json")["layers"]
     return [r for layer, x in layers.items() if layer_part in layer
             for r in x["records"] if r["step"] in steps]  # fmt: skip
-
-
-def spread(vals: list[float], fmt: str = ".2f") -> str:
-    return f"{min(vals):{fmt}}–{max(vals):{fmt}}"
 
 
 def updates(records: list[dict], key: str = "sigma_max") -> list[float]:
@@ -29,18 +25,19 @@ DIAG_STEPS = (1, 15, 150, 297)
 
 def late(root: Path) -> str:
     rs = records(root, "spectra-adamw", "attn.wq", (150, 297))
-    return f"σ_max is {spread(updates(rs))} for `attn.wq`"
+    return f"σ_max is {value_range(updates(rs))} for `attn.wq`"
 
 
 def late_mlp(root: Path) -> str:
     rs = records(root, "spectra-adamw", "mlp.w1", (150, 297))
-    return f"{spread(updates(rs), '.1f')} for `mlp.w1`"
+    return f"{value_range(updates(rs), '.1f')} for `mlp.w1`"
 
 
 def warm(root: Path) -> str:
     attn = records(root, "spectra-adamw", "attn.wq", (15,))
     mlp = records(root, "spectra-adamw", "mlp.w1", (15,))
-    return f"gives {spread(updates(attn), '.1f')} (bound 20) and {spread(updates(mlp), '.1f')}"
+    a, m = value_range(updates(attn), ".1f"), value_range(updates(mlp), ".1f")
+    return f"gives {a} (bound 20) and {m}"
 
 
 def adamw_sigma(root: Path) -> str:
@@ -51,8 +48,8 @@ def adamw_sigma(root: Path) -> str:
 def even(root: Path) -> str:
     rs = records(root, "adamw", "", DIAG_STEPS)
     grad = [r["grad"]["max_over_median"] for r in rs]
-    return (f"σ_max/median {spread(updates(rs, 'max_over_median'), '.0f')} against "
-            f"{spread(grad, '.0f')}")  # fmt: skip
+    return (f"σ_max/median {value_range(updates(rs, 'max_over_median'), '.0f')} against "
+            f"{value_range(grad, '.0f')}")  # fmt: skip
 
 
 def noise(root: Path) -> dict:
@@ -73,30 +70,30 @@ frac, ratio = "fraction_noise_top_above_signal", "noise_top_over_signal_median"
 
 def noise_early(root: Path) -> str:
     return (f"σ₁(N) > ‖G‖₂ in {pct(summary(root, frac, (1, 8)))} of the samples at steps 1 "
-            f"and 8 (median ratio {spread(summary(root, ratio, (1, 8)))})")  # fmt: skip
+            f"and 8 (median ratio {value_range(summary(root, ratio, (1, 8)))})")  # fmt: skip
 
 
 def noise_late(root: Path) -> str:
     return (f"{pct(summary(root, frac, (75, 148)))} at steps 75 and 148 (median ratio "
-            f"{spread(summary(root, ratio, (75, 148)))})")  # fmt: skip
+            f"{value_range(summary(root, ratio, (75, 148)))})")  # fmt: skip
 
 
 def spectral(root: Path) -> str:
     every = (1, 8, 75, 148)
     n = sum(len(x["records"]) for x in noise(root)["layers"].values())
     return (
-        f"has median {spread(summary(root, 'spectral_median', every))} over the {n} "
-        f"layer-steps, and {spread(summary(root, 'spectral_median', (75, 148)), '.3f')}"
+        f"has median {value_range(summary(root, 'spectral_median', every))} over the {n} "
+        f"layer-steps, and {value_range(summary(root, 'spectral_median', (75, 148)), '.3f')}"
     )
 
 
 def chordal(root: Path) -> str:
-    return f"has median {spread(summary(root, 'chordal_median', (1, 8, 75, 148)))}"
+    return f"has median {value_range(summary(root, 'chordal_median', (1, 8, 75, 148)))}"
 
 
 def chance(root: Path) -> str:
     vals = [x["chordal_chance"] for x in noise(root)["layers"].values()]
-    return f"= {spread(vals, '.3f')} here"
+    return f"= {value_range(vals, '.3f')} here"
 
 
 def gap(root: Path) -> str:
@@ -112,25 +109,21 @@ DIAGNOSTICS = {"late": late, "late-mlp": late_mlp, "warm": warm, "adamw-sigma": 
            "norms-gap": gap}  # fmt: skip
 
 
-def main_job(root: Path) -> dict[str, dict[int, float]]:
-    return main_job_losses(root)
-
-
 def repro(root: Path, name: str) -> float:
     return json_of(root, f"results/main-job/repro/{name}/summary.json")["val_loss"]
 
 
 def repro_same(root: Path) -> str:
-    runs = main_job(root)
+    runs = main_job_losses(root)
     return f"seed 1337's AdamW twin ends at {runs['adamw'][1337]:.8f} in the sweep"
 
 
 def repro_spectra(root: Path) -> str:
-    return f"Spectra-AdamW at {main_job(root)['spectra-adamw'][1337]:.8f} in each"
+    return f"Spectra-AdamW at {main_job_losses(root)['spectra-adamw'][1337]:.8f} in each"
 
 
 def repro_generic(root: Path) -> str:
-    runs = main_job(root)
+    runs = main_job_losses(root)
     a, s = repro(root, "adamw-generic"), repro(root, "spectra-adamw-generic")
     da, ds = a - runs["adamw"][1337], s - runs["spectra-adamw"][1337]
     shift = f"{da:+.4f}".replace("-", "−")
