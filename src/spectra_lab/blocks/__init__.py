@@ -45,6 +45,9 @@ from spectra_lab.blocks.gpu import (
     gpu_tests,
     gpu_train,
 )
+from spectra_lab.blocks.harness_phrases import HARNESS_PHRASES
+from spectra_lab.blocks.library_phrases import LIBRARY_PHRASES
+from spectra_lab.blocks.operators_phrases import OPERATORS_PHRASES
 from spectra_lab.blocks.phrases import PHRASES
 from spectra_lab.blocks.runs import (
     coord_growth,
@@ -78,6 +81,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:bench-dist-timing": dist_timing,
     "data:diagnostics-gradients": diagnostics_gradients,
     **PHRASES,
+    **OPERATORS_PHRASES,
+    **LIBRARY_PHRASES,
+    **HARNESS_PHRASES,
     "data:weight-norms": weight_norms,
     "data:monitor-cost": monitor_cost,
     "data:evaluation": evaluation,
