@@ -38,6 +38,7 @@ def medians(run: Path, skip: int) -> dict[str, Any]:
     about = json.loads((run / "run.json").read_text())
     return {
         "run": run.name,
+        "machine": about.get("machine"),  # as the trainer records it (absent in older runs)
         "optimizer": config.get("optimizer"),
         "soft_clip_auto": about.get("soft_clip_auto"),
         "steps": len(steps),
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{p['by_optimizer_time']:.3f}x by optimizer time, {p['by_step']:.3f}x by the "
               f"steps")  # fmt: skip
     if args.json is not None:
-        write_json_atomic(args.json, {"skip": args.skip, "pairs": pairs})
+        report = {"machine": runs[0]["machine"], "skip": args.skip, "pairs": pairs}
+        write_json_atomic(args.json, report)
     return 0
 
 

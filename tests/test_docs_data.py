@@ -366,35 +366,13 @@ def test_every_stored_gpu_run_is_listed_and_the_gpu_page_shows_the_list():
     assert block is not None and block.group(1) == runs_table(DATA / "gpu")
 
 
-#: What each kind of stored run measures: a run goes stale when a later commit changes these
-MEASURED_CODE = ("src/spectra/ops", "src/spectra/optim")
-
-
-def stale_runs() -> list[str]:
-    """The stored GPU runs (``docs/data/gpu/runs.json``) whose commit predates a change to the
-    code they measure, one line each; empty outside a git checkout that holds their commits."""
-    import subprocess
-
-    out = []
-    for run in data("docs/data/gpu/runs.json")["runs"]:
-        if not run["commit"]:
-            continue
-        log = subprocess.run(
-            ["git", "log", "--oneline", f"{run['commit']}..HEAD", "--", *MEASURED_CODE],
-            cwd=ROOT, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if log.returncode == 0 and log.stdout.strip():
-            changes = len(log.stdout.strip().splitlines())
-            out.append(f"{run['folder']} ({run['gpu']}, commit {run['commit']}): {changes} later "
-                       f"commits change {', '.join(MEASURED_CODE)}")  # fmt: skip
-    return out
-
-
-def test_quoted_gpu_runs_that_later_code_changes_are_listed_as_a_warning():
-    # not a failure: a GPU run can only be repeated where a GPU is lent; the list says which
-    # figures describe older code
+def test_stored_runs_that_later_code_changes_are_listed_as_a_warning():
+    # not a failure: a GPU run can only be repeated where a GPU is lent, and a CPU timing wants
+    # a quiet machine; the list (spectra docs --stale) says which figures describe older code
     import subprocess
     import warnings
+
+    from spectra_lab.bench.machines import stale_runs
 
     if (ROOT / ".git").exists():  # every recorded commit is one of this history's
         for run in data("docs/data/gpu/runs.json")["runs"]:
@@ -402,8 +380,10 @@ def test_quoted_gpu_runs_that_later_code_changes_are_listed_as_a_warning():
                 found = subprocess.run(["git", "cat-file", "-e", f"{run['commit']}^{{commit}}"],
                                        cwd=ROOT, capture_output=True, check=False)  # fmt: skip
                 assert found.returncode == 0, run
-    for line in stale_runs():
-        warnings.warn(f"stale GPU run: {line}", UserWarning, stacklevel=1)
+    stale = stale_runs(ROOT)
+    print("\n".join(["stale stored runs:", *stale]))
+    for line in stale:
+        warnings.warn(f"stale stored run: {line}", UserWarning, stacklevel=1)
 
 
 def test_the_machines_page_lists_what_every_stored_measurement_records():

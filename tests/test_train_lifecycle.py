@@ -231,6 +231,13 @@ def test_run_json_autocast_is_null_on_cpu(dataset, tmp_path):
     from spectra.ops import soft_clip_method
 
     assert about["soft_clip_auto"] == soft_clip_method("auto", torch.device("cpu"))
+    # and the machine its figures came from: the CPU's model and bf16 support, the threads, the
+    # commit (the same record every benchmark's report carries)
+    from spectra_lab.bench.precision import cpu_bf16, cpu_model, source_commit
+
+    machine = about["machine"]
+    assert (machine["gpu"], machine["cpu"], machine["cpu_bf16"]) == (None, cpu_model(), cpu_bf16())
+    assert machine["threads"] == torch.get_num_threads() and machine["commit"] == source_commit()
 
 
 def test_a_bit_flipped_checkpoint_says_what_to_do(dataset, tmp_path):

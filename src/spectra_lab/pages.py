@@ -212,6 +212,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="list the measurements of each page's prose that sit outside a block",
     )
+    p.add_argument(
+        "--stale",
+        action="store_true",
+        help="list the stored measurements under docs/data/ that a later commit to the code "
+        "they measure makes stale",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -223,6 +229,12 @@ def run(args: argparse.Namespace) -> int:
             for page in pages(root):
                 for s in stray_numbers(page.read_text()):
                     print(f"{page.relative_to(root)}: {s}")
+            return 0
+        if args.stale:
+            from spectra_lab.bench.machines import stale_runs
+
+            found = stale_runs(root)
+            print("\n".join(found) or "no stored measurement predates a change to its code")
             return 0
         if args.check:
             found = problems(root)

@@ -419,7 +419,10 @@ def run(args: argparse.Namespace) -> int:
             check_int("--ranks", n, low=2)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    report: dict[str, Any] = {"timing": [], "volume": [], "traffic": [], "traffic_model": []}
+    from spectra_lab.bench.precision import device_about
+
+    report: dict[str, Any] = {"machine": device_about("cpu"), "timing": [], "volume": [],
+                              "traffic": [], "traffic_model": []}  # fmt: skip
     if not args.no_timing:
         cores = os.cpu_count() or 1
         print(

@@ -5,13 +5,21 @@ A file names its machine through the fields :func:`spectra_lab.bench.precision.d
 writes (``gpu``; ``cpu`` and ``cpu_bf16``; ``threads``, ``torch``), or, for a GPU run, through
 its ``gpu_check.json``. Files written before the CPU's model was recorded say only what they
 hold; the table says so rather than guess.
+
+A stored figure goes stale when a later commit changes the code it measures
+(:data:`MEASURED_CODE`): :func:`stale_runs` lists such runs, from the commit each file records,
+or, for a file that records none, the commit that stored it.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
+
+#: The code the stored measurements measure: a later commit that changes it makes them stale.
+MEASURED_CODE = ("src/spectra/ops", "src/spectra/optim")
 
 
 def machine_of(report: dict[str, Any]) -> str:
@@ -54,3 +62,43 @@ def machines_table(data_dir: str | Path) -> str:
         names = ", ".join(f"`{f}`" for f in files)
         lines.append(f"| {machine} | {len(files)} | {names} |")
     return "\n".join(lines)
+
+
+def stored_runs(data_dir: str | Path) -> list[tuple[str, str | None]]:
+    """Each stored measurement under ``data_dir`` (a JSON report, a GPU run's folder) and the
+    commit it records (``None`` where it records none); models and plans are left out."""
+    data_dir = Path(data_dir)
+    out: list[tuple[str, str | None]] = []
+    for path in sorted(data_dir.glob("*.json")):
+        report = json.loads(path.read_text())
+        if isinstance(report, dict) and not machine_of(report).startswith("none:"):
+            out.append((path.name, report.get("machine", report).get("commit")))
+    runs = data_dir / "gpu" / "runs.json"
+    if runs.exists():
+        out += [(f"gpu/{r['folder']}/", r["commit"]) for r in json.loads(runs.read_text())["runs"]]
+    return out
+
+
+def _git(root: Path, *args: str) -> str | None:
+    out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def stale_runs(root: str | Path) -> list[str]:
+    """The stored measurements under ``root/docs/data`` whose commit predates a change to
+    :data:`MEASURED_CODE`, one line each, with how many later commits change it; empty outside
+    a git checkout. A file that records no commit is dated by the commit that stored it."""
+    root = Path(root)
+    if _git(root, "rev-parse", "--git-dir") is None:
+        return []
+    out = []
+    for name, commit in stored_runs(root / "docs" / "data"):
+        how = f"commit {commit}"
+        if not commit:
+            commit = _git(root, "log", "-1", "--format=%h", "--", f"docs/data/{name}")
+            how = f"records no commit; stored at {commit}"
+        later = _git(root, "rev-list", "--count", f"{commit}..HEAD", "--", *MEASURED_CODE)
+        if commit and later and int(later):
+            out.append(f"docs/data/{name} ({how}): {later} later commits change "
+                       f"{', '.join(MEASURED_CODE)}")  # fmt: skip
+    return out

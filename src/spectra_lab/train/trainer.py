@@ -49,6 +49,7 @@ from torch import nn
 from spectra import SpectralMonitor
 from spectra.ops import soft_clip_method
 from spectra.optim.base import NonFiniteError
+from spectra_lab.bench.precision import device_about
 from spectra_lab.errors import UserError
 from spectra_lab.model.flops import flops_per_token
 from spectra_lab.runs.checkpoint import (
@@ -228,6 +229,7 @@ def build_run(
         "device": str(rt.device),
         "autocast": str(rt.autocast_dtype).removeprefix("torch.") if rt.autocast_dtype else None,
         "torch": torch.__version__,
+        "machine": device_about(rt.device),  # the CPU's model or the GPU's name, the commit
         # what a soft clip by "auto" runs for float32 matrices here (machine-dependent: "mixed"
         # on CPUs with bf16 units, "eigh" on other CPUs, "polar" on CUDA)
         "soft_clip_auto": soft_clip_method("auto", rt.device, torch.float32),
