@@ -129,3 +129,41 @@ def test_spectra_docs_reports_a_missing_data_file_and_a_bad_root_in_one_line(tmp
     assert err == "spectra docs: error: results/main-job-mixed/results.json is missing"
     assert main(["docs", "--root", str(tmp_path / "nowhere")]) == 2
     assert "no README.md there" in capsys.readouterr().err
+
+
+def test_a_stored_run_goes_stale_when_a_later_commit_changes_the_code_it_measures(tmp_path):
+    import json
+    import subprocess
+
+    from spectra_lab.bench.machines import stale_runs
+
+    def git(*args: str) -> str:
+        env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a",
+               "GIT_COMMITTER_EMAIL": "a@b", "PATH": "/usr/bin:/bin"}  # fmt: skip
+        out = subprocess.run(["git", *args], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        return out.stdout.strip()
+
+    def commit(path: str, text: str) -> str:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+        git("add", path)
+        git("commit", "-qm", path)
+        return git("rev-parse", "--short", "HEAD")
+
+    assert stale_runs(tmp_path) == []  # not a checkout: nothing to say
+    git("init", "-q")
+    first = commit("src/spectra/ops/x.py", "a = 1\n")
+    cpu = {"cpu": "a CPU", "cpu_bf16": "native", "commit": first}
+    commit("docs/data/recorded.json", json.dumps(cpu))
+    stored = commit("docs/data/unrecorded.json", json.dumps({"cpu": "a CPU"}))
+    commit("docs/data/model.json", json.dumps({"what": "a model, not a measurement"}))
+    assert stale_runs(tmp_path) == []
+    commit("src/spectra/optim/y.py", "b = 2\n")
+    commit("README.md", "no code\n")
+    assert stale_runs(tmp_path) == [
+        f"docs/data/recorded.json (commit {first}): 1 later commits change src/spectra/ops, "
+        "src/spectra/optim",
+        f"docs/data/unrecorded.json (records no commit; stored at {stored}): 1 later commits "
+        "change src/spectra/ops, src/spectra/optim",
+    ]
