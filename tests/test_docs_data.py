@@ -403,3 +403,34 @@ def test_the_machines_page_lists_what_every_stored_measurement_records():
     from spectra_lab.bench.precision import device_about
 
     assert machine_of(device_about("cpu")).startswith(device_about("cpu")["cpu"])
+
+
+def test_remeasure_runs_the_command_each_page_shows_for_its_report():
+    # experiments/remeasure.py measures the stale reports again; each command it runs is the one
+    # the page prints beside the report's table (the memory run's one thread is a variant the
+    # page names in words, the symmetric Gram run and the step ratio are in their scripts)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("remeasure", ROOT / "experiments/remeasure.py")
+    remeasure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(remeasure)
+    shown = " ".join(text(str(p.relative_to(ROOT))) for p in [ROOT / "README.md",
+                     *sorted((ROOT / "docs").glob("*.md"))])  # fmt: skip
+    shown = re.sub(r"\s+", " ", re.sub(r"\\\n\s*", " ", shown)).replace("PYTHONPATH=src ", "")
+    commands = dict(remeasure.COMMANDS)
+    one_thread = commands.pop("bench_optim_memory_cpu_1thread")
+    assert one_thread == commands["bench_optim_memory_cpu_2threads"].replace(
+        "--threads 2", "--threads 1").replace("2threads.json", "1thread.json")  # fmt: skip
+    elsewhere = {"symmetric_gram_cpu": "experiments/symmetric_gram.py",
+                 "main_job_step_ratio": "experiments/step_ratio.py"}  # fmt: skip
+    missing = [n for n, c in commands.items() if n not in elsewhere and c not in shown]
+    assert missing == []
+    for name, script in elsewhere.items():
+        assert f"docs/data/{name}.json" in (ROOT / script).read_text()
+    # every report the machines page lists as a CPU measurement is measured again by it, but the
+    # ones kept as a record of their moment (a busy machine, the code before a change)
+    cpu = [f.removesuffix(".json") for m, files in __import__(
+        "spectra_lab.bench.machines", fromlist=["machines"]).machines(DATA).items()
+        if not m.startswith(("none", "NVIDIA")) for f in files]  # fmt: skip
+    kept = {"symmetric_gram_cpu_busy", "bench_optim_cpu_2threads_before"}
+    assert sorted(set(cpu) - kept) == sorted(remeasure.COMMANDS)
