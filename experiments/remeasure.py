@@ -105,6 +105,8 @@ COMMANDS: dict[str, str] = {
     "docs/data/mixed_error_spiked.json",
     "symmetric_gram_cpu": "python experiments/symmetric_gram.py --json "
     "docs/data/symmetric_gram_cpu.json",
+    "baselines_state_memory": "python experiments/baselines_state_memory.py --json "
+    "docs/data/baselines_state_memory.json",
     "main_job_step_ratio": STEP_RATIO,
 }  # fmt: skip
 

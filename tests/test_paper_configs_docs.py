@@ -258,7 +258,8 @@ def test_scale_plan_table_and_its_json_are_fresh_plans():
 def test_scale_mfu_of_the_papers_step_times():
     text = " ".join(SCALE.read_text().split())
     m = re.search(
-        r"are ([\d.]+) ms at 160M, ([\d.]+) ms at 780M and ([\d.]+) ms at 820M: (\d+)%, (\d+)% "
+        r"are <!-- paper -->([\d.]+) ms at 160M, ([\d.]+) ms at 780M and ([\d.]+) ms at 820M"
+        r"<!-- /paper -->: longer than the table's steps, <!-- data:paper-mfu -->(\d+)%, (\d+)% "
         r"and (\d+)% MFU by the same FLOP count, so expect the runs to take ([\d.]+)–([\d.]+)×",
         text,
     )

@@ -701,6 +701,217 @@ def soap_step_prose(seeds: dict | None) -> str:
     return f"{soap / adamw:.1f}× AdamW's ({soap:.3f} s against {adamw:.3f} s)"
 
 
+def gaps_range_prose(seeds: dict | None) -> str:
+    """The smallest and largest mean paired gap of a base optimizer to its Spectra twin."""
+    gaps = [paired(per_seed(seeds, optimizer=s), per_seed(seeds, optimizer=b)) for b, s in PAIRS]
+    if None in gaps:
+        raise Missing("fewer than two paired seeds of a base optimizer and its Spectra twin")
+    return span(min(g["mean"] for g in gaps), max(g["mean"] for g in gaps), lambda x: f"{x:.2f}",
+                " nats")  # fmt: skip
+
+
+def means(seeds: dict | None, *names: str) -> dict[str, float]:
+    return {n: mean_of(per_seed(seeds, optimizer=n), n) for n in names}
+
+
+SPECTRA_VARIANTS = ("spectra-adamw", "spectra-signum", "spectra-ademamix")
+
+
+def variants_spread_prose(seeds: dict | None) -> str:
+    """How far apart the three SPECTRA variants' mean losses end."""
+    m = means(seeds, *SPECTRA_VARIANTS).values()
+    return f"within {max(m) - min(m):.2f}"
+
+
+def baselines_prose(seeds: dict | None) -> str:
+    """D-Muon's mean loss and its distance below the SPECTRA variants; SOAP's mean loss."""
+    m = means(seeds, "dmuon", "soap", *SPECTRA_VARIANTS)
+    below = [m[v] - m["dmuon"] for v in SPECTRA_VARIANTS]
+    return (f"({m['dmuon']:.3f}, {span(min(below), max(below), lambda x: f'{x:.2f}')} below the "
+            f"SPECTRA variants) and SOAP is level with them ({m['soap']:.3f})")  # fmt: skip
+
+
+def dmuon_closest_prose(seeds: dict | None) -> str:
+    """The SPECTRA variant whose paired gap to D-Muon has the largest |t|, and that t."""
+    dmuon = per_seed(seeds, optimizer="dmuon")
+    ts = {v: paired(dmuon, per_seed(seeds, optimizer=v)) for v in SPECTRA_VARIANTS}
+    if None in ts.values():
+        raise Missing("fewer than two paired seeds of D-Muon and a SPECTRA variant")
+    v = max(ts, key=lambda k: abs(ts[k]["t"]))
+    who = "ahead of" if ts[v]["mean"] > 0 else "behind"
+    return f"D-Muon is {who} {LABELS[v]} with t = {-ts[v]['t']:.1f}".replace("= -", "= −")
+
+
+def repeat_prose(seeds: dict | None, lr_adam: dict | None) -> str:
+    """AdamW's seed-0 loss in the seeds sweep and in the lr sweep's run of the same point."""
+    lr = tuned_lrs()["adamw"]
+    a = per_seed(seeds, optimizer="adamw").get(0)
+    b = per_seed(lr_adam, optimizer="adamw", lr=lr).get(0)
+    if a is None or b is None:
+        raise Missing("AdamW's seed 0 is missing from the seeds or the lr sweep")
+    if f"{a:.5f}" != f"{b:.5f}":
+        raise Missing(f"AdamW's seed 0 differs between the sweeps ({a:.5f}, {b:.5f})")
+    return f"AdamW {a:.5f} in both"
+
+
+def signum_prose(stab: dict | None) -> dict[str, str]:
+    """Batch 2: how far Signum at the large lr ends above Spectra-Signum; Signum's best lr of
+    the three with its loss; and Spectra-Signum's paired gap to that best."""
+    spectra, signum = signum_runs(stab)
+    best = best_lr(signum)
+    if best is None or not signum[3e-3] or not spectra:
+        raise Missing("signum-stability has not run")
+    gap = mean_of(signum[3e-3], "signum") - mean_of(spectra, "spectra-signum")
+    beat = paired(spectra, signum[best])
+    if beat is None:
+        raise Missing("fewer than two paired seeds of Signum and Spectra-Signum at batch 2")
+    return {"signum-gap": f"{gap:.2f} nats",
+            "signum-best": f"{lr_text(best)} ({mean_std(signum[best]).split(' (')[0]})",
+            "signum-beat": f"{beat['mean']:.2f} ± {beat['std']:.2f} nats"}  # fmt: skip
+
+
+def lr_text(x: float) -> str:
+    mantissa, exp = f"{x:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exp)}"
+
+
+def recorded_sigma_prose(data: Path, c: float) -> str:
+    """σ_max/c of the AdamW directions recorded from a cpu-small run (the recorded-input cells
+    of bench ops, measured at c = 10), rescaled to the threshold ``c``."""
+    cells = [x for x in ops_cells(data, "bench_ops_cpu_recorded.json")
+             if x["input"].startswith("adamw@")]  # fmt: skip
+    if not cells:
+        raise Missing("no AdamW recorded cells in bench_ops_cpu_recorded.json")
+    r = [x["sigma_over_c"] * 10 / c for x in cells]
+    fmt = (lambda x: f"{x:.0f}") if c == 10 else (lambda x: f"{x:.1f}")
+    return span(min(r), max(r), fmt)
+
+
+def hard_soft_prose(hvs: dict | None, seeds: dict | None, cab: dict | None) -> str:
+    """The largest |Δ| between hard and soft clipping at c = 5 and 10, over both optimizers."""
+    worst = 0.0
+    for opt in ("spectra-adamw", "spectra-signum"):
+        for c in (5.0, 10.0):
+            if c == 10.0:
+                soft = per_seed(seeds, optimizer=opt)
+            elif opt == "spectra-adamw":
+                soft = per_seed(cab, clip_c=c)
+            else:
+                soft = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs=None)
+            hard = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs={"post": "hard_clip"})
+            d = paired(soft, hard)
+            if d is None:
+                raise Missing(f"hard-vs-soft: {opt} at c = {c:g} has not run")
+            worst = max(worst, abs(d["mean"]))
+    return f"within {worst:.3f} nats"
+
+
+def preclip_prose(adp: dict | None, stab: dict | None) -> dict[str, str]:
+    """The adaptive-preclip sweep: the largest |Δ| of a pre-clip rule against no pre-clip or
+    the cosine schedule, and the range of the rows' std over seeds."""
+    none = per_seed(stab, optimizer="spectra-signum")
+    runs = {label: per_seed(adp, **point) for label, point in PRECLIP_CASES}
+    cosine = runs["cosine, c: 10 → 0.01"]
+    ds = [paired(none, v) for v in runs.values()]
+    ds += [paired(cosine, v) for label, v in runs.items() if not label.startswith("cosine")]
+    if None in ds:
+        raise Missing("adaptive-preclip has not run on every seed")
+    sds = [statistics.stdev(v.values()) for v in [none, *runs.values()]]
+    return {"preclip-within": f"within {max(abs(d['mean']) for d in ds):.3f} nats",
+            "preclip-spread": span(min(sds), max(sds), lambda x: f"{x:.2f}")}  # fmt: skip
+
+
+MOE_LABELS = {"adamw": "AdamW", "matrices": "per expert", "tensors": "whole stack"}
+
+
+def moe_prose(lr_sweep: dict | None, seeds: dict | None) -> dict[str, str]:
+    """The MoE comparison in words: each method's lr picked at seed 0 in the lr check, the
+    per-expert gap to the whole stack and both gaps to AdamW (paired, three seeds), and the
+    two clip layouts at the same lr, 2e-3, in the lr check."""
+    if lr_sweep is None or seeds is None:
+        raise Missing("results/moe is missing")
+    picked, at = [], {}
+    lrs = sorted({r["point"]["lr"] for r in lr_sweep["runs"]})
+    for _, point in MOE_METHODS:
+        by_lr = {lr: per_seed(lr_sweep, **point, lr=lr) for lr in lrs}
+        best = best_lr(by_lr)
+        layout = point.get("clip_layout", "adamw")
+        picked.append(f"{MOE_LABELS[layout]} {lr_text(best)}")
+        at[layout] = by_lr.get(2e-3, {}).get(0)
+    per_expert, stack = (per_seed(seeds, **MOE_METHODS[i][1]) for i in (1, 2))
+    adamw = per_seed(seeds, **MOE_METHODS[0][1])
+    gap = paired(per_expert, stack)
+    vs = [paired(x, adamw) for x in (per_expert, stack)]
+    if gap is None or None in vs or None in at.values():
+        raise Missing("results/moe has not run every method")
+    return {
+        "moe-lrs": f"lr {lr_text(lrs[0])} … {lr_text(lrs[-1])}: {', '.join(picked)}",
+        "moe-gap": f"{gap['mean']:.2f} nats",
+        "moe-vs-adamw": f"per expert by {vs[0]['mean']:.2f} nats, the whole stack by "
+        f"{vs[1]['mean']:.2f}",
+        "moe-same-lr": f"{at['matrices']:.3f} against {at['tensors']:.3f}",
+    }
+
+
+def ssc_prose(data: Path) -> str:
+    """The paper's Algorithm 1 in float32 and our default against 5 float32 Newton–Schulz
+    steps, by time, over the sizes of the SSC-vs-orth benchmark."""
+    path = data / "bench_ssc_vs_orth_cpu.json"
+    if not path.is_file():
+        raise Missing("docs/data/bench_ssc_vs_orth_cpu.json is missing")
+    cells = json.loads(path.read_text())["cells"]
+    t = {(c["shape"], c["method"]): c["time_ms"] for c in cells}
+    shapes = sorted({s for s, _ in t}, key=lambda s: int(s.split("x")[0]))
+    paper = [t[s, "paper_fp32"] / t[s, "orth_muon_fp32"] for s in shapes]
+    ours = [t[s, "auto"] / t[s, "orth_muon_fp32"] for s in shapes]
+    first, last = shapes[0].split("x")[0], shapes[-1].split("x")[0]
+    f2 = lambda x: f"{x:.2f}"  # noqa: E731
+    return (f"takes {span(min(paper), max(paper), f2)}× the time of 5 Newton–Schulz steps from "
+            f"{first}² to {last}², as its matrix-product flops (`64n³` against `30n³`) predict; "
+            f"our default takes {span(min(ours), max(ours), f2)}×")  # fmt: skip
+
+
+def longer_prose(longer: dict | None, longer_lr: dict | None, seeds: dict | None) -> dict:
+    """The figures of the paragraph under the longer-budget tables: what three times the steps
+    bought each method, the leaders at 600 steps, the lr re-check of longer-lr.yaml."""
+    runs = longer_runs(longer, seeds)
+    if any(len(v[1]) < 3 for v in runs.values()):
+        raise Missing("longer.yaml has not run every method on three seeds")
+    m200 = {n: statistics.fmean(v[0].values()) for n, v in runs.items()}
+    m600 = {n: statistics.fmean(v[1].values()) for n, v in runs.items()}
+    gain = [m200[n] - m600[n] for n in runs]
+    f3 = lambda x: f"{x:.3f}"  # noqa: E731
+    vs_dmuon = paired(runs["spectra-adamw"][1], runs["dmuon"][1])
+    dmuon_200 = paired(runs["spectra-adamw"][0], runs["dmuon"][0])
+    tuned = runs["spectra-adamw"][1]
+    off = [paired(tuned, per_seed(longer_lr, optimizer="spectra-adamw", lr=lr)) for lr in
+           (LONGER_LRS["spectra-adamw"][0], LONGER_LRS["spectra-adamw"][2])]  # fmt: skip
+    half = per_seed(longer_lr, optimizer="dmuon", lr=LONGER_LRS["dmuon"][0])
+    best = paired(half, tuned)
+    if None in (vs_dmuon, dmuon_200, best, *off):
+        raise Missing("longer-lr.yaml has not run every lr on three seeds")
+    return {
+        "longer-gains": span(min(gain), max(gain), lambda x: f"{x:.1f}", " nats"),
+        "longer-leaders": f"SOAP ({f3(m600['soap'])}) and Spectra-AdamW "
+        f"({f3(m600['spectra-adamw'])})",
+        "longer-vs-dmuon": f"by {f3(vs_dmuon['mean'])}",
+        "longer-adamw": f"{m600['adamw'] - m600['spectra-adamw']:.2f}",
+        "longer-lr-holds": span(min(d["mean"] for d in off), max(d["mean"] for d in off),
+                                lambda x: f"{x:.2f}") + " higher",
+        "longer-dmuon-half": f3(statistics.fmean(half.values())),
+        "longer-best-gap": f"{best['mean']:.3f} ± {best['std']:.3f}",
+        "longer-gap-200": f"{abs(dmuon_200['mean']):.3f}, "
+        + ("significant" if dmuon_200["sig"] else "not significant"),
+    }  # fmt: skip
+
+
+def study_size_prose(results: Path = RESULTS) -> str:
+    """How many runs the study's sweeps hold, and in how many sweeps."""
+    reports = [load(p.parent.name, results) for p in sorted(results.glob("*/results.json"))]
+    runs = sum(1 for r in reports for x in (r or {}).get("runs", []) if x["status"] == "done")
+    return f"the study holds {runs} finished runs in {len(reports)} sweeps"
+
+
 def overhead_prose(seeds: dict | None) -> str:
     """The range of the overhead column of the overhead table."""
     over = []
@@ -1074,7 +1285,26 @@ def names(text: str) -> list[str]:
 
 def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dict]:
     """``(bodies, missing, parts)``: the body of every block that can be computed, the reason
-    for each one that cannot (left as it is), and the parts the figures are drawn from."""
+    for each one that cannot (left as it is), and the parts the figures are drawn from; the
+    block ``sources`` lists the stored files they were computed from, with their machines."""
+    (bodies, missing, parts), files = pages.traced(ROOT, lambda: blocks_of(results, data))
+    if (results, data) == (RESULTS, DATA):
+        bodies["sources"] = sources_table(files)
+    else:
+        missing["sources"] = "the blocks were computed from files outside the repository"
+    return bodies, missing, parts
+
+
+def sources_table(files: list[str]) -> str:
+    """The stored files the study's blocks read, and the machine each names."""
+    from spectra_lab.bench.machines import machine_at
+
+    rows = ["| stored file | measured on |", "|---|---|"]
+    rows += [f"| `{f}` | {machine_at(ROOT, f)} |" for f in sorted(files)]
+    return "\n".join(rows)
+
+
+def blocks_of(results: Path, data: Path) -> tuple[dict, dict, dict]:
     seeds, stab = load("seeds", results), load("signum-stability", results)
     cab = load("c-ablation", results)
     c_md, c = c_table(cab, seeds)
@@ -1110,6 +1340,38 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
         "fixed": lambda: fx_md,
         "overhead": lambda: overhead_table(seeds),
         "gaps": lambda: gaps_prose(seeds),
+        "gaps-range": lambda: gaps_range_prose(seeds),
+        "variants-spread": lambda: variants_spread_prose(seeds),
+        "baselines-200": lambda: baselines_prose(seeds),
+        "dmuon-closest": lambda: dmuon_closest_prose(seeds),
+        "repeat": lambda: repeat_prose(seeds, load("lr-adam", results)),
+        **lazy(lambda: signum_prose(stab), ("signum-gap", "signum-best", "signum-beat")),
+        "recorded-sigma": lambda: recorded_sigma_prose(data, 10.0),
+        "recorded-sigma-c50": lambda: recorded_sigma_prose(data, 50.0),
+        "hard-soft-within": lambda: hard_soft_prose(load("hard-vs-soft", results), seeds, cab),
+        **lazy(
+            lambda: preclip_prose(load("adaptive-preclip", results), stab),
+            ("preclip-within", "preclip-spread"),
+        ),
+        **lazy(
+            lambda: moe_prose(load("lr", MOE), load("seeds", MOE)),
+            ("moe-lrs", "moe-gap", "moe-vs-adamw", "moe-same-lr"),
+        ),
+        "ssc-vs-orth": lambda: ssc_prose(data),
+        **lazy(
+            lambda: longer_prose(load("longer", results), load("longer-lr", results), seeds),
+            (
+                "longer-gains",
+                "longer-leaders",
+                "longer-vs-dmuon",
+                "longer-adamw",
+                "longer-lr-holds",
+                "longer-dmuon-half",
+                "longer-best-gap",
+                "longer-gap-200",
+            ),
+        ),
+        "study-size": lambda: study_size_prose(results),
         "dmuon-ratio": lambda: dmuon_ratio_prose(seeds),
         "c50": lambda: c50_prose(c, seeds),
         "paper-bf16-error": lambda: paper_error_prose(data),
@@ -1131,6 +1393,21 @@ def compute(results: Path = RESULTS, data: Path = DATA) -> tuple[dict, dict, dic
         except Missing as exc:
             missing[name] = str(exc)
     return bodies, missing, {"seeds": seeds, "stab": stab, "c": c, "ns": ns, "fx": fx}
+
+
+def lazy(make: Callable[[], dict[str, str]], keys: tuple[str, ...]) -> dict:
+    """One maker per key of the phrases ``make`` returns together (computed once)."""
+    cache: dict[str, str] = {}
+
+    def one(key: str) -> Callable[[], str]:
+        def get() -> str:
+            if not cache:
+                cache.update(make())
+            return cache[key]
+
+        return get
+
+    return {key: one(key) for key in keys}
 
 
 def render(text: str, bodies: dict[str, str]) -> str:

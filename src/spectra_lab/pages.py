@@ -20,8 +20,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
+import os
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from spectra_lab.blocks import BLOCKS
 from spectra_lab.errors import UserError
@@ -106,7 +111,7 @@ def differences(text: str, bodies: dict[str, str]) -> list[str]:
 # --------------------------------------------------------------------------- stray numbers
 
 NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+−]?\d+)?")
-UNIT = re.compile(r"\s?(?:×|%|ms\b|µs\b|s\b|min\b|GiB|GB|MiB|MB|KiB|tok/s|nats?\b)")
+UNIT = re.compile(r"\s?(?:×|%|ms\b|µs\b|s\b|min\b|GiB|GB|MiB|MB|KiB|tok/s|nats?\b|[GT]FLOP)")
 
 #: What a number outside a block may be, not being a measurement: a version (``torch
 #: 2.13.0``), a setting or a definition written with its symbol (``c = 10``, ``σ ≤ 1.5``,
@@ -127,10 +132,29 @@ def prose(text: str) -> str:
     """``text`` without its blocks, the paper's quotes, code, links' targets and math."""
     text = re.sub(r"<!-- ([a-z]+:[\w.-]+|paper) -->.*?<!-- /\1 -->", " ", text, flags=re.S)
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = indented_code_removed(text)
     text = re.sub(r"`[^`\n]*`", " ", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
     text = re.sub(r"https?://\S+", " ", text)
     return re.sub(r"\$[^$\n]*\$", " ", text)
+
+
+def indented_code_removed(text: str) -> str:
+    """``text`` without its indented code blocks: lines indented by four spaces or more after a
+    blank line, outside a list (a list item's continuation lines are indented too)."""
+    out, code, in_list, blank = [], False, False, True
+    for line in text.split("\n"):
+        if not line.strip():
+            blank = True
+            out.append(line)
+            continue
+        indented = line.startswith("    ")
+        if not indented:
+            in_list = bool(re.match(r"\s*(?:[-*+]|\d+\.)\s", line))
+        code = indented and not in_list and (blank or code)
+        blank = False
+        out.append("" if code else line)
+    return "\n".join(out)
 
 
 def stray_numbers(text: str) -> list[str]:
@@ -161,23 +185,88 @@ def _measurement(line: str, m: re.Match) -> bool:
 ELSEWHERE = {"study": "python experiments/study/report.py"}
 
 
-def render(root: Path) -> dict[str, str]:
-    """The body of every block of :data:`BLOCKS`."""
-    return {key: make(root) for key, make in BLOCKS.items()}
+#: The block at the foot of a page that lists the stored files its blocks are rendered from,
+#: and the machine each one names (:func:`sources`).
+SOURCES = "data:sources"
+#: Blocks that index stored files rather than quote their figures: no page's sources.
+INDEXES = {"data:machines", "gpu:runs"}
+
+_opened: list[str] | None = None  # the files opened while a block renders
+T = TypeVar("T")
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "open" and _opened is not None and isinstance(args[0], str | os.PathLike):
+        _opened.append(os.fspath(args[0]))
+
+
+@functools.cache
+def _watch_opens() -> None:
+    sys.addaudithook(_audit)  # once per process; it only records while _opened is a list
+
+
+def render(root: Path) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The body of every block of :data:`BLOCKS`, and the stored files each one read (paths
+    under ``root``, in ``docs/data/`` or ``results/``), as Python's audit hook saw them open."""
+    bodies, read = {}, {}
+    for key, make in BLOCKS.items():
+        bodies[key], read[key] = traced(root, lambda make=make: make(root))
+    return bodies, read
+
+
+def traced(root: Path, make: Callable[[], T]) -> tuple[T, list[str]]:
+    """``make()``, and the stored files it opened: paths under ``root``, in ``docs/data/`` or
+    ``results/``, in the order first opened."""
+    global _opened
+    _watch_opens()
+    _opened = []
+    try:
+        out = make()
+    finally:
+        opened, _opened = _opened, None
+    base = root.resolve()
+    files = [Path(f).resolve() for f in opened]
+    rel = [f.relative_to(base).as_posix() for f in files if f.is_relative_to(base)]
+    return out, list(dict.fromkeys(f for f in rel if f.startswith(("docs/data/", "results/"))))
+
+
+def sources(root: Path, page_keys: list[str], read: dict[str, list[str]]) -> str:
+    """The table of a page's sources: each stored file its blocks read, the machine the file
+    names (:func:`spectra_lab.bench.machines.machine_at`) and the blocks that read it."""
+    from spectra_lab.bench.machines import machine_at
+
+    by_file: dict[str, list[str]] = {}
+    for key in page_keys:
+        for f in [] if key in INDEXES else read.get(key, []):
+            by_file.setdefault(f, []).append(key.split(":", 1)[1])
+    rows = ["| stored file | measured on | its blocks on this page |", "|---|---|---|"]
+    for f in sorted(by_file):
+        blocks = ", ".join(f"`{b}`" for b in by_file[f])
+        rows.append(f"| `{f}` | {machine_at(root, f)} | {blocks} |")
+    return "\n".join(rows)
+
+
+def page_bodies(root: Path, text: str, bodies: dict[str, str], read: dict) -> dict[str, str]:
+    """The bodies of ``text``'s blocks: :data:`BLOCKS`' and its own sources table."""
+    return {**bodies, SOURCES: sources(root, keys(text), read)}
 
 
 def problems(root: Path) -> list[str]:
     """What is wrong with the pages' blocks: a block nobody renders, one rendered but on no
-    page, one that differs from its data (with a diff)."""
-    bodies = render(root)
+    page, one that differs from its data (with a diff), a page whose blocks read stored files
+    but that has no sources table."""
+    bodies, read = render(root)
     out, seen = [], set()
     for page in pages(root):
-        text = page.read_text()
+        text, name = page.read_text(), page.relative_to(root)
         for key in keys(text):
             seen.add(key)
-            if key not in bodies and key.split(":")[0] not in ELSEWHERE:
-                out.append(f"{page.relative_to(root)}: {key}: no renderer (spectra_lab.pages)")
-        out += [f"{page.relative_to(root)}: {line}" for line in differences(text, bodies)]
+            if key not in bodies and key != SOURCES and key.split(":")[0] not in ELSEWHERE:
+                out.append(f"{name}: {key}: no renderer (spectra_lab.pages)")
+        if any(read.get(k) for k in keys(text) if k not in INDEXES) and SOURCES not in keys(text):
+            out.append(f"{name}: its blocks read stored files, and it has no <!-- {SOURCES} -->")
+        out += [f"{name}: {line}" for line in differences(text, page_bodies(root, text, bodies,
+                                                                            read))]  # fmt: skip
     out += [f"{key}: rendered but on no page" for key in bodies if key not in seen]
     return out
 
@@ -186,13 +275,13 @@ def write(root: Path) -> list[Path]:
     """Rewrite every block of :data:`BLOCKS` in the pages; the pages changed."""
     from spectra_lab.files import atomic_write
 
-    bodies, changed = render(root), []
+    (bodies, read), changed = render(root), []
     for page in pages(root):
         text = page.read_text()
-        new = text
+        new, own = text, page_bodies(root, text, bodies, read)
         for key in keys(text):
-            if key in bodies:
-                new = fill(new, key, bodies[key])
+            if key in own:
+                new = fill(new, key, own[key])
         if new != text:
             atomic_write(page, new)
             changed.append(page)

@@ -39,6 +39,47 @@ def machine_of(report: dict[str, Any]) -> str:
     return f"{cpu}, bf16 {bf16}" if bf16 else f"{cpu}, bf16 support not recorded"
 
 
+def machine_at(root: str | Path, path: str) -> str:
+    """The machine a stored file under ``root`` names, in words, with its threads, torch and
+    commit where it records them: a GPU run's file names its run's GPU, date and commit
+    (``gpu_check.json`` of its folder, or of ``docs/data/gpu/`` for the latest run's copies)."""
+    root, parts = Path(root), path.split("/")
+    if parts[:3] == ["docs", "data", "gpu"]:
+        folder = root.joinpath(*parts[:-1])
+        index = json.loads((folder / "gpu_check.json").read_text())
+        return f"{index['gpu']}, {index['date']}, commit {index['commit']}"
+    if parts[:2] != ["docs", "data"]:
+        return runs_machines(root.joinpath(*parts[:-1]))
+    report = json.loads((root / path).read_text())
+    about = report.get("machine", report)
+    words = [machine_of(report)]
+    if about.get("threads"):
+        words.append(f"{about['threads']} thread{'s' if about['threads'] > 1 else ''}")
+    if about.get("torch"):
+        words.append(f"torch {about['torch']}")
+    words.append(f"commit {about['commit']}" if about.get("commit") else "commit not recorded")
+    return ", ".join(words)
+
+
+def runs_machines(folder: Path) -> str:
+    """The machines that the finished runs of a sweep (``folder/results.json``) record in
+    their ``run.json`` (the trainer records its machine there), with how many runs each; runs
+    without a record are counted as such."""
+    results = folder / "results.json"
+    runs = json.loads(results.read_text()).get("runs", []) if results.is_file() else []
+    count: dict[str, int] = {}
+    for run in runs:
+        if run.get("status") != "done":
+            continue
+        about = folder / "runs" / run["name"] / "run.json"
+        machine = json.loads(about.read_text()).get("machine") if about.is_file() else None
+        name = machine_of(machine) if machine else "not recorded"
+        count[name] = count.get(name, 0) + 1
+    if not count:
+        return "not recorded"
+    return "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in sorted(count.items()))
+
+
 def machines(data_dir: str | Path) -> dict[str, list[str]]:
     """Each machine (:func:`machine_of`) and the files under ``data_dir`` measured on it: the
     JSON reports directly under it, and every stored GPU run (``gpu/runs.json``)."""

@@ -3,8 +3,429 @@ or a small table rendered from its stored file: :data:`OPERATORS_PHRASES`."""
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from spectra_lab.blocks.bench import _err_range
+from spectra_lab.blocks.common import json_of, latest_gpu, ops_cells, sci, table, value_range
+from spectra_lab.blocks.phrases import rates
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _x(x: float) -> str:
+    """A time ratio as the page writes it: ``0.66×``, ``26×`` from ten on."""
+    return f"{x:.2f}×" if x < 10 else f"{x:.0f}×"
+
+
+def _x_range(vals: list[float]) -> str:
+    lo, hi = min(vals), max(vals)
+    return f"{_x(lo).removesuffix('×')}–{_x(hi)}" if _x(lo) != _x(hi) else _x(lo)
+
+
+def _gpu_parts(folder: Path) -> dict:
+    return json.loads((folder / "gpu_check.json").read_text())["parts"]
+
+
+def _h200_runs(root: Path) -> list[dict]:
+    """The stored H200 runs of ``docs/data/gpu/runs.json``, oldest first."""
+    runs = [r for r in json_of(root, "docs/data/gpu/runs.json")["runs"] if "H200" in r["gpu"]]
+    return sorted(runs, key=lambda r: r["date"])
+
+
+def _model_rows(root: Path, method: str, model: str) -> list[float]:
+    rows = json_of(root, "docs/data/gpu_model_h100.json")["rows"]
+    return [r["vs_paper_bf16"] for r in rows
+            if r["method"].startswith(method) and r["model"] == model]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def mixed_spike_error(root: Path) -> str:
+    """``mixed``'s worst error per spike (``docs/data/mixed_error_spiked.json``)."""
+    stored = json_of(root, "docs/data/mixed_error_spiked.json")
+    worst = [r["mixed_worst"] for r in stored["rows"]]
+    return (
+        f"error {_err_range(min(worst), max(worst))} for any spike (measured on an "
+        f"{stored['machine']['cpu']})"
+    )
+
+
+def main_job_threads(root: Path) -> str:
+    """The main job's optimizer step by threads (``bench_step_main_job_1thread/2threads.json``)."""
+    ms = {}
+    for threads in ("1thread", "2threads"):
+        rows = json_of(root, f"docs/data/bench_step_main_job_{threads}.json")["rows"]
+        ms[threads] = next(r for r in rows if r["name"] == "spectra-adamw")["optimizer_ms"]
+    return f"{ms['1thread']:.1f} ms on one thread, {ms['2threads']:.1f} on two"
+
+
+def gpu_summary(root: Path) -> str:
+    """``auto`` and the 124M step on the latest H200 and H100 runs (``gpu_check.json``)."""
+    h200, h100 = (_gpu_parts(latest_gpu(root, g)) for g in ("H200", "H100"))
+    cells = json.loads((latest_gpu(root, "H200") / "bench_ops.json").read_text())["cells"]
+    n = len(cells) // len({c["method"] for c in cells})
+
+    def ops(p: dict) -> float:
+        return p["bench_ops"]["median_vs_paper_bf16"]["auto"]
+
+    def step(p: dict) -> float:
+        return p["bench_optim"]["vs_paper_bf16"]["spectra-adamw"]
+
+    return (
+        f"`auto` takes {ops(h200):.2f}× the paper's bf16 run on the H200 (median of {n} "
+        f"cells; {ops(h100):.2f}× on the H100), and the 124M optimizer step "
+        f"{step(h200):.2f}× the paper's bf16 wrapper ({step(h100):.2f}× on the H100)"
+    )
+
+
+def _h200_steps(root: Path) -> dict[str, float]:
+    parts = _gpu_parts(latest_gpu(root, "H200"))
+    small, big = parts["bench_optim"]["vs_paper_bf16"], parts["bench_optim_780m"]["vs_paper_bf16"]
+    return {
+        "mixed": small["spectra-adamw-mixed"],
+        "polar": small["spectra-adamw"],
+        "mixed780": big["spectra-adamw-mixed"],
+        "polar780": big["spectra-adamw-polar"],
+    }
+
+
+def h200_mixed_step(root: Path) -> str:
+    """``mixed``'s step, ``polar``'s at 780M, on the latest H200 run (``gpu_check.json``)."""
+    s = _h200_steps(root)
+    return (f"{s['mixed']:.2f}× at 124M and {s['mixed780']:.2f}× at 780M (where `polar` takes "
+            f"{s['polar780']:.2f}×)")  # fmt: skip
+
+
+def h200_polar_error(root: Path) -> str:
+    """``polar``'s and ``mixed``'s worst float32 error on the latest H200 (``gpu_check.json``)."""
+    worst = _gpu_parts(latest_gpu(root, "H200"))["bench_ops"]["max_error_fp32"]
+    return (f"whose worst error on float32 inputs there is {sci(worst['polar'])} against "
+            f"`mixed`'s {sci(worst['mixed'])}")  # fmt: skip
+
+
+def h200_mixed_vs_polar(root: Path) -> str:
+    """``mixed`` and ``polar`` at 124M and 780M on the latest H200 run (``gpu_check.json``)."""
+    s = _h200_steps(root)
+    return (f"its optimizer step takes {s['mixed']:.2f}× the paper's bf16 wrapper at 124M and "
+            f"{s['mixed780']:.2f}× at 780M, against `polar`'s {s['polar']:.2f}× and "
+            f"{s['polar780']:.2f}×")  # fmt: skip
+
+
+def h200_mixed_short(root: Path) -> str:
+    """``mixed`` at 124M and 780M on the latest H200 run (``gpu_check.json``)."""
+    s = _h200_steps(root)
+    return f"{s['mixed']:.2f}× at 124M, {s['mixed780']:.2f}× at 780M"
+
+
+def h100_mixed(root: Path) -> str:
+    """The earlier ``mixed`` on the latest H100 run (``gpu_check.json``)."""
+    vs = _gpu_parts(latest_gpu(root, "H100"))["bench_optim"]["vs_paper_bf16"]
+    return f"{vs['spectra-adamw-mixed']:.2f}×"
+
+
+def h200_780m(root: Path) -> str:
+    """``polar`` and ``mixed`` at 780M on the last two H200 runs (``gpu_check.json``)."""
+    before, last = _h200_runs(root)[-2:]
+
+    def vs(run: dict, m: str) -> float:
+        folder = root / "docs" / "data" / "gpu" / run["folder"]
+        return _gpu_parts(folder)["bench_optim_780m"]["vs_paper_bf16"][f"spectra-adamw-{m}"]
+
+    return (f"`docs/data/gpu/{last['folder']}/`): `polar` {vs(last, 'polar'):.2f}× the paper's "
+            f"bf16 wrapper, `mixed` {vs(last, 'mixed'):.2f}× ({vs(before, 'polar'):.2f}× and "
+            f"{vs(before, 'mixed'):.2f}× in the run before, `{before['folder']}/`)")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the mixed method
+
+
+WORDS = {"2": "two", "4": "four"}
+
+
+def symmetric_gram(root: Path) -> str:
+    """One triangle's Gram blocks against one product (``symmetric_gram_cpu[_busy].json``)."""
+
+    def ratios(name: str, dtype: str) -> list[tuple[float, str]]:
+        rows = json_of(root, f"docs/data/{name}.json")["rows"]
+        out = []
+        for r in rows:
+            shape = "×".join(map(str, r["shape"][1:]))
+            for k, x in r["ratio"].items():
+                if r["dtype"] == dtype and k != "full":
+                    out.append((x, f"{shape} with {WORDS[k.removeprefix('blocks')]} blocks"))
+        return out
+
+    fp32 = ratios("symmetric_gram_cpu", "float32")
+    slower = [(x, where) for x, where in fp32 if x > 1]
+    rest = [x for x, _ in fp32 if x <= 1] if len(slower) == 1 else [x for x, _ in fp32]
+    out = (
+        f"in float32 the blocks took {_x_range(rest)} the full product's time at the "
+        "optimizer's shapes"
+    )
+    if len(slower) == 1:
+        out += f" ({slower[0][1]}, {_x(slower[0][0])}, the exception)"
+    bf16 = [x for x, _ in ratios("symmetric_gram_cpu", "bfloat16")]
+    busy = [x for x, _ in ratios("symmetric_gram_cpu_busy", "float32")]
+    return (f"{out}, in bf16 {_x_range(bf16)} (`docs/data/symmetric_gram_cpu.json`); run again "
+            f"while another job loaded the machine, the float32 blocks took {_x_range(busy)} "
+            "(`symmetric_gram_cpu_busy.json`)")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- speed on the CPU
+
+
+def amx_rate(root: Path) -> str:
+    """The AMX CPU's bf16 rate over float32's (``docs/data/bench_ops_cpu_native_bf16.json``)."""
+    r = json_of(root, "docs/data/bench_ops_cpu_native_bf16.json")["matmul_gflops"]
+    return f"run at {r['bf16'] / r['fp32']:.1f}× the float32 rate"
+
+
+def amx_gflops(root: Path) -> str:
+    """The matmul rates of the CPU with AMX (``docs/data/bench_ops_cpu_native_bf16.json``)."""
+    r = json_of(root, "docs/data/bench_ops_cpu_native_bf16.json")["matmul_gflops"]
+    return f"ran at {r['bf16']:.0f} GFLOP/s against {r['fp32']:.0f} in float32"
+
+
+def recorded_sigma(root: Path) -> str:
+    """σ_max/c of the recorded training directions (``docs/data/bench_ops_cpu_recorded.json``)."""
+    sig = [c.sigma_over_c for c in ops_cells(root, "bench_ops_cpu_recorded")]
+    return f"{min(sig):.1f}–{max(sig):.0f}"
+
+
+def _124m_flops() -> tuple[dict[tuple[int, int], int], int, int, int]:
+    """124M matrices by ``(m, n)``; flops of ``4m²n``, ``G²`` and two bf16 steps (``10m³``)."""
+    from spectra_lab.bench.optim import llama_shapes
+
+    mats: dict[tuple[int, int], int] = {}
+    for s in llama_shapes():
+        if len(s) == 2:
+            key = (min(s), max(s))
+            mats[key] = mats.get(key, 0) + 1
+    gram = sum(k * 4 * m * m * n for (m, n), k in mats.items())
+    square = sum(k * 2 * m**3 for (m, _), k in mats.items())
+    return mats, gram, square, 5 * square
+
+
+def native_floor_flops(root: Path) -> str:
+    """Float32 flops at the 124M shapes (``llama_shapes``; a count, no file read)."""
+    mats, gram, square, _ = _124m_flops()
+    m, n = max(mats, key=lambda s: s[1])
+    return (f"`4m²n` summed over the {sum(mats.values())} matrices = {gram / 1e9:.0f} GFLOP (the "
+            f"{n}×{m} embedding and head {4 * m * m * n / 1e9:.0f} GFLOP each), and `G²` "
+            f"({square / 1e9:.0f} GFLOP)")  # fmt: skip
+
+
+def native_floor(root: Path) -> str:
+    """The AMX step's floor (``bench_ops_cpu_native_bf16``, ``bench_optim_…native_bf16``)."""
+    _, gram, square, bf16 = _124m_flops()
+    rate = json_of(root, "docs/data/bench_ops_cpu_native_bf16.json")["matmul_gflops"]
+    rows = {r["method"]: r["step_s"] for r in json_of(
+        root, "docs/data/bench_optim_cpu_native_bf16_2threads.json")["rows"]}  # fmt: skip
+    fp32_s, bf16_s = (gram + square) / 1e9 / rate["fp32"], bf16 / 1e9 / rate["bf16"]
+    floor = rows["torch-adamw"] + fp32_s + bf16_s
+    paper, rest = rows["paper-wrap-bf16"], rows["spectra-adamw"] - floor
+    return (f"At the float32 rate measured here ({rate['fp32']:.0f} GFLOP/s, one 512³ product "
+            f"on two threads) those {(gram + square) / 1e9:.0f} GFLOP take {fp32_s:.2f} s; with "
+            f"AdamW's own step ({rows['torch-adamw']:.2f} s here) and the fewest bf16 steps any "
+            f"input takes (two: {bf16 / 1e9:.0f} GFLOP, {bf16_s:.2f} s at the measured "
+            f"{rate['bf16']:.0f} GFLOP/s) the floor is {floor:.2f} s, {floor / paper:.2f}× the "
+            f"wrapper's {paper:.2f} s, before any exact step, small operation or finite check, "
+            f"which take about {rest:.1f} s now")  # fmt: skip
+
+
+def split_cost(root: Path) -> str:
+    """``polar_bf16``'s median cost (``docs/data/bench_ops_cpu_recorded.json``)."""
+    cells = ops_cells(root, "bench_ops_cpu_recorded")
+
+    def med(m: str) -> float:
+        return statistics.median(c.vs_paper_bf16 for c in cells if c.method == m)
+
+    return (
+        f"about {med('polar_bf16') / med('polar'):.0f}× `polar` here "
+        f"({med('polar_bf16'):.2f}× the emulated paper bf16 run on the recorded inputs)"
+    )
+
+
+def no_bf16_table(root: Path) -> str:
+    """The clip without bf16 units by batch floor (``main_job_clip_step_no_bf16.json``)."""
+    labels = {"adamw": "AdamW twin",
+              "spectra-adamw auto/32": "`eigh`, batches of 1/32 (before the floor)",
+              "spectra-adamw auto": "`eigh` (the default), batches of at least 2¹⁸ elements",
+              "spectra-adamw mixed": "`mixed`"}  # fmt: skip
+    stored = json_of(root, "docs/data/main_job_clip_step_no_bf16.json")["rows"]
+    rows = [[labels[r["row"]], f"{r['total_ms']:.1f}", f"{r['optimizer_ms']:.1f}",
+             f"{r['ratio_by_steps']:.3f}", f"{r['ratio_by_optimizer_time']:.3f}"]
+            for r in stored]  # fmt: skip
+    head = ["row", "step (ms)", "optimizer step (ms)", "× twin", "× twin by optimizer time"]
+    return table(head, rows, "lrrrr")
+
+
+def no_bf16_floor(root: Path) -> str:
+    """The default around the batch floor (``docs/data/main_job_clip_step_no_bf16.json``)."""
+    rows = {r["row"]: r for r in json_of(root, "docs/data/main_job_clip_step_no_bf16.json")["rows"]}
+    before, after = (
+        rows[f"spectra-adamw {m}"]["ratio_by_optimizer_time"] for m in ("auto/32", "auto")
+    )
+    return f"from {before:.2f}× to {after:.2f}× by optimizer time"
+
+
+def no_bf16_rate(root: Path) -> str:
+    """Float32 rates (``main_job_clip_step_no_bf16.json``, ``bench_ops_cpu*.json``)."""
+    run = json_of(root, "docs/data/main_job_clip_step_no_bf16.json")
+    fp32 = [r["fp32"] for r in rates(root)]
+    return (
+        f"at {run['fp32_gflops']:.0f} GFLOP/s (`fp32_gflops` in the file) against "
+        f"{value_range(fp32, '.0f')} on the AVX2-only EPYC above"
+    )
+
+
+# --------------------------------------------------------------------------- H100 model
+
+
+def model_assumptions(root: Path) -> str:
+    """The H100 model's efficiency, peaks and launch cost (``docs/data/gpu_model_h100.json``)."""
+    model = json_of(root, "docs/data/gpu_model_h100.json")
+    peak = model["peak_tflops"]
+    fp = (
+        f"float32 and float64 {peak['fp32']:.0f}"
+        if peak["fp32"] == peak["fp64"]
+        else f"float32 {peak['fp32']:.0f}, float64 {peak['fp64']:.0f}"
+    )
+    return (
+        f"{model['efficiency']:.0%} of NVIDIA's dense peaks (bf16 {peak['bf16']:.0f} "
+        f"TFLOP/s, {fp}) and {model['launch_us']:.0f} µs per eager launch"
+    )
+
+
+def split_peak_gain(root: Path) -> str:
+    """Three bf16 products against a float32 one at peak (``docs/data/gpu_model_h100.json``)."""
+    peak = json_of(root, "docs/data/gpu_model_h100.json")["peak_tflops"]
+    return f"about {peak['bf16'] / peak['fp32'] / 3:.0f}× cheaper"
+
+
+def model_mixed(root: Path) -> str:
+    """``mixed`` in the H100 model (``docs/data/gpu_model_h100.json``)."""
+    a, b = (_x_range(_model_rows(root, "mixed", m)) for m in ("124m", "780m"))
+    return f"{a} at 124M and {b} at 780M"
+
+
+def model_polar_124m(root: Path) -> str:
+    """Float32 ``polar`` at 124M in the H100 model (``docs/data/gpu_model_h100.json``)."""
+    return f"{value_range(_model_rows(root, 'polar-fp32', '124m'), '.1f')}×"
+
+
+def model_polar_780m(root: Path) -> str:
+    """Float32 ``polar`` at 780M in the H100 model (``docs/data/gpu_model_h100.json``)."""
+    return f"{value_range(_model_rows(root, 'polar-fp32', '780m'), '.1f')}×"
+
+
+def model_split(root: Path) -> str:
+    """Split-bf16 ``polar`` in the H100 model (``docs/data/gpu_model_h100.json``)."""
+    a, b = (_model_rows(root, "polar-bf16x3", m)[0] for m in ("124m", "780m"))
+    return f"{a:.2f}× (124M) and {b:.2f}× (780M)"
+
+
+# --------------------------------------------------------------------------- soft clip vs orth
+
+
+def _ssc(root: Path) -> dict[str, dict[int, Any]]:
+    """``docs/data/bench_ssc_vs_orth_cpu.json``'s cells by method and size."""
+    out: dict[str, dict[int, Any]] = {}
+    for c in ops_cells(root, "bench_ssc_vs_orth_cpu"):
+        out.setdefault(c.method, {})[int(c.shape.split("x")[0])] = c
+    return out
+
+
+def _ssc_ratio(root: Path, a: str, b: str) -> list[float]:
+    cells = _ssc(root)
+    return [cells[a][n].time_ms / cells[b][n].time_ms for n in sorted(cells[a])]
+
+
+def ssc_rates(root: Path) -> str:
+    """The run's matmul rates (``docs/data/bench_ssc_vs_orth_cpu.json``)."""
+    r = json_of(root, "docs/data/bench_ssc_vs_orth_cpu.json")["matmul_gflops"]
+    return f"reports {r['bf16']:.0f} GFLOP/s against {r['fp32']:.0f} in float32"
+
+
+def ssc_muon_bf16(root: Path) -> str:
+    """torch's bf16 rate, bf16 Muon's cost (``bench_ops_cpu.json``, ``bench_ssc_vs_orth_cpu``)."""
+    native = max(r["bf16"] for r in rates(root) if r["bf16"] < 10)
+    ratio = _ssc_ratio(root, "orth_muon", "orth_muon_fp32")
+    return (
+        f"which run at about {native:.0f} GFLOP/s on this CPU (`bench_ops_cpu.json`): it "
+        f"takes {min(ratio):.0f}–{max(ratio):.0f}× the time of the same steps in float32"
+    )
+
+
+def ssc_like(root: Path) -> str:
+    """``paper_fp32`` against ``orth_muon_fp32`` (``docs/data/bench_ssc_vs_orth_cpu.json``)."""
+    return f"{_x_range(_ssc_ratio(root, 'paper_fp32', 'orth_muon_fp32'))} the time"
+
+
+def ssc_auto(root: Path) -> str:
+    """``auto``'s time ratios and errors (``docs/data/bench_ssc_vs_orth_cpu.json``)."""
+    cells = _ssc(root)
+    orth = _ssc_ratio(root, "auto", "orth_muon_fp32")
+    falling = ", its ratio falling with `n`" if orth == sorted(orth, reverse=True) else ""
+    paper = _ssc_ratio(root, "auto", "paper_fp32")
+    auto = [c.rel_err for c in cells["auto"].values()]
+    alg1 = [c.rel_err for m in ("paper_fp32", "paper_bf16") for c in cells[m].values()]
+    return (f"{_x_range(orth)} the float32 orthogonalization{falling}; it is also "
+            f"{_x_range(paper)} the float32 Algorithm 1. Its error against the float64 SVD is "
+            f"{sci(min(auto))}–{sci(max(auto))}, while Algorithm 1 is off by "
+            f"{value_range(alg1)}")  # fmt: skip
+
+
+def ssc_muon_error(root: Path) -> str:
+    """5 Muon steps against ``UVᵀ`` (``docs/data/bench_ssc_vs_orth_cpu.json``)."""
+    cells = _ssc(root)
+    err = [c.rel_err for m in ("orth_muon", "orth_muon_fp32") for c in cells[m].values()]
+    return f"5 Muon steps are {value_range(err)} from"
+
+
+def ssc_budget(root: Path) -> str:
+    """The cells ``--budget`` cut short (``docs/data/bench_ssc_vs_orth_cpu.json``)."""
+    short = [c for c in ops_cells(root, "bench_ssc_vs_orth_cpu") if c.runs == 1]
+    return "; ".join(f"`{c.method}` at {c.shape.split('x')[0]} after one run "
+                     f"({c.time_ms / 1e3:.0f} s)" for c in short)  # fmt: skip
+
 
 #: The phrases by block key.
-OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {}
+OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
+    "data:operators-mixed-spike-error": mixed_spike_error,
+    "data:operators-main-job-threads": main_job_threads,
+    "data:operators-gpu-summary": gpu_summary,
+    "data:operators-h200-mixed-step": h200_mixed_step,
+    "data:operators-h200-polar-error": h200_polar_error,
+    "data:operators-h200-mixed-vs-polar": h200_mixed_vs_polar,
+    "data:operators-h200-mixed-short": h200_mixed_short,
+    "data:operators-h100-mixed": h100_mixed,
+    "data:operators-h200-780m": h200_780m,
+    "data:operators-symmetric-gram": symmetric_gram,
+    "data:operators-amx-rate": amx_rate,
+    "data:operators-amx-gflops": amx_gflops,
+    "data:operators-recorded-sigma": recorded_sigma,
+    "data:operators-native-floor-flops": native_floor_flops,
+    "data:operators-native-floor": native_floor,
+    "data:operators-split-cost": split_cost,
+    "data:operators-no-bf16-table": no_bf16_table,
+    "data:operators-no-bf16-floor": no_bf16_floor,
+    "data:operators-no-bf16-rate": no_bf16_rate,
+    "data:operators-model-assumptions": model_assumptions,
+    "data:operators-split-peak-gain": split_peak_gain,
+    "data:operators-model-mixed": model_mixed,
+    "data:operators-model-polar-124m": model_polar_124m,
+    "data:operators-model-polar-780m": model_polar_780m,
+    "data:operators-model-split": model_split,
+    "data:operators-ssc-rates": ssc_rates,
+    "data:operators-ssc-muon-bf16": ssc_muon_bf16,
+    "data:operators-ssc-like": ssc_like,
+    "data:operators-ssc-auto": ssc_auto,
+    "data:operators-ssc-muon-error": ssc_muon_error,
+    "data:operators-ssc-budget": ssc_budget,
+}
