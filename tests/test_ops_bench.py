@@ -23,9 +23,11 @@ def test_bench_ops_quick_writes_a_complete_table(tmp_path, capsys):
     rc = main([*args, "--out", str(out)])
     assert rc == 0
     payload = json.loads(out.read_text())
-    from spectra_lab.bench.precision import cpu_bf16
+    from spectra_lab.bench.precision import cpu_bf16, cpu_model, source_commit
 
-    assert payload["cpu_bf16"] == cpu_bf16()  # the report says how this CPU runs bf16
+    # the report names its machine: the CPU's model and how it runs bf16, the commit
+    assert payload["cpu_bf16"] == cpu_bf16() and payload["cpu"] == cpu_model()
+    assert payload["commit"] == source_commit() and payload["threads"] >= 1
     cells = payload["cells"]
     names = set(bench_ops.methods(1.0))
     n_groups = len(matrices.QUICK_SHAPES) * len(matrices.DTYPES) * 2

@@ -326,8 +326,8 @@ def _write(args: argparse.Namespace, cells: list[Cell], header: str, about: dict
     if not args.out:
         return
     if args.out.endswith(".json"):
-        keys = ("device", "gpu", "float32_matmul_precision", "torch", "threads", "clip_c")
-        keys += ("matmul_gflops", "cpu_bf16")
+        keys = ("device", "gpu", "cpu", "cpu_bf16", "float32_matmul_precision", "torch", "threads")
+        keys += ("commit", "clip_c", "repeats", "matmul_gflops")
         payload = {**{k: about[k] for k in keys if k in about},
                    "cells": [asdict(cell) for cell in cells]}  # fmt: skip
         atomic_write(args.out, json.dumps(payload, indent=1) + "\n")

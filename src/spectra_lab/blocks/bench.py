@@ -8,7 +8,17 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from spectra_lab.blocks.common import MIB, json_of, ops_cells, sci, span, table, value_range, worst
+from spectra_lab.blocks.common import (
+    MIB,
+    err_range,
+    json_of,
+    ops_cells,
+    sci,
+    span,
+    table,
+    value_range,
+    worst,
+)
 
 
 def bench_optim(name: str) -> Callable[[Path], str]:
@@ -290,7 +300,7 @@ def mixed_errors(root: Path) -> str:
     rows = json_of(root, "docs/data/mixed_error_spiked.json")["rows"]
     head = ["σ_max/c", *(_power(r["sigma_over_c"]) for r in rows)]
     mixed = [f"{r['mixed_worst']:.1e}".replace("e-0", "e-") for r in rows]
-    paper = [_err_range(r["paper_bf16_min"], r["paper_bf16_max"]) for r in rows]
+    paper = [err_range(r["paper_bf16_min"], r["paper_bf16_max"]) for r in rows]
     body = [["`mixed` (worst case)", *mixed], ["paper, bf16 (N_s = 10)", *paper]]
     return table(head, body, "")
 
@@ -300,16 +310,6 @@ OPERATOR_ERRORS = "docs/data/operator_errors_spiked.json"
 
 def _e(x: float) -> str:
     return f"{x:.1e}".replace("e-0", "e-")
-
-
-def _err_range(lo: float, hi: float) -> str:
-    """An error range as the operator tables write it: ``3.8–4.3e-4``, ``2.0e-5`` where the two
-    round alike, ``0.09–0.17`` from 0.05 on."""
-    if hi >= 0.05:
-        return f"{lo:.2f}–{hi:.2f}"
-    exp = math.floor(math.log10(hi))
-    a, b = f"{lo / 10**exp:.1f}", f"{hi / 10**exp:.1f}"
-    return f"{b}e{exp}" if a == b else f"{a}–{b}e{exp}"
 
 
 def polar_errors(root: Path) -> str:
@@ -327,7 +327,7 @@ def eigh_errors(root: Path) -> str:
     """``experiments/operator_errors.py``: the float32 ``eigh`` path alone."""
     rows = json_of(root, OPERATOR_ERRORS)["eigh"]
     head = ["σ_max/c", *(f"{r['sigma_over_c']:g}" for r in rows)]
-    body = [["float32 `eigh` error", *(_err_range(r["min"], r["max"]) for r in rows)]]
+    body = [["float32 `eigh` error", *(err_range(r["min"], r["max"]) for r in rows)]]
     return table(head, body, "")
 
 
@@ -340,13 +340,13 @@ def split_errors(root: Path) -> str:
     def split(r: dict) -> str:
         alpha = 1 + r["sigma_over_c"] ** 2
         if alpha <= 1e4:
-            return _err_range(*r["polar_split_bf16"])
+            return err_range(*r["polar_split_bf16"])
         return "(float32)" if alpha <= 1e5 else "(float64)"
 
     head = ["σ_max/c", *(f"{r['sigma_over_c']:g}" for r in rows)]
-    body = [["`polar`, float32", *(_err_range(*r["polar"]) for r in rows)],
+    body = [["`polar`, float32", *(err_range(*r["polar"]) for r in rows)],
             ["`polar`, split bf16", *(split(r) for r in rows)],
-            ["paper, bf16 (N_s = 10)", *(_err_range(*r["paper_bf16"]) for r in rows)]]  # fmt: skip
+            ["paper, bf16 (N_s = 10)", *(err_range(*r["paper_bf16"]) for r in rows)]]  # fmt: skip
     return table(head, body, "")
 
 

@@ -91,3 +91,13 @@ def latest_gpu(root: Path, gpu: str) -> Path:
     if not runs:
         raise FileNotFoundError(f"no stored {gpu} run in docs/data/gpu/runs.json")
     return root / "docs" / "data" / "gpu" / max(runs, key=lambda r: r["date"])["folder"]
+
+
+def err_range(lo: float, hi: float) -> str:
+    """An error range as the operator tables write it: ``3.8–4.3e-4``, ``2.0e-5`` where the two
+    round alike, ``0.09–0.17`` from 0.05 on."""
+    if hi >= 0.05:
+        return f"{lo:.2f}–{hi:.2f}"
+    exp = math.floor(math.log10(hi))
+    a, b = f"{lo / 10**exp:.1f}", f"{hi / 10**exp:.1f}"
+    return f"{b}e{exp}" if a == b else f"{a}–{b}e{exp}"

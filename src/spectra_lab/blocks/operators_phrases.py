@@ -9,8 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spectra_lab.blocks.bench import _err_range
-from spectra_lab.blocks.common import json_of, latest_gpu, ops_cells, sci, table, value_range
+from spectra_lab.blocks.common import (
+    err_range,
+    json_of,
+    latest_gpu,
+    ops_cells,
+    sci,
+    table,
+    value_range,
+)
 from spectra_lab.blocks.phrases import rates
 
 # --------------------------------------------------------------------------- helpers
@@ -50,7 +57,7 @@ def mixed_spike_error(root: Path) -> str:
     stored = json_of(root, "docs/data/mixed_error_spiked.json")
     worst = [r["mixed_worst"] for r in stored["rows"]]
     return (
-        f"error {_err_range(min(worst), max(worst))} for any spike (measured on an "
+        f"error {err_range(min(worst), max(worst))} for any spike (measured on an "
         f"{stored['machine']['cpu']})"
     )
 
