@@ -38,29 +38,40 @@ STEP_RATIO = " && ".join(
        "runs/ratio-adamw-2 runs/ratio-spectra-adamw-2 --json docs/data/main_job_step_ratio.json"]
 )  # fmt: skip
 
-#: Each stored CPU report the pages quote, and the command that writes it (as its page shows it).
+#: What takes a CPU without bf16 units' path on a CPU that has them: spectra forms its bf16
+#: products as float32 products of bf16 operands (torch's own bf16 products stay native).
+NO_BF16_UNITS = "SPECTRA_CPU_BF16_UNITS=0"
+NO_BF16 = f"{NO_BF16_UNITS} "
+
+#: Each stored CPU report the pages quote, and the command that writes it (as its page shows it);
+#: the reports the pages quote for a CPU without bf16 units take that path on purpose.
 COMMANDS: dict[str, str] = {
-    "bench_ops_cpu_recorded": "spectra bench ops --threads 1 --repeats 3 --budget 10 --inputs "
-    "recorded --methods auto eigh64 polar polar_bf16 paper_bf16 paper_fp32 --out "
+    "bench_ops_cpu_recorded": NO_BF16
+    + "spectra bench ops --threads 1 --repeats 3 --budget 10 --inputs recorded --methods "
+    "auto eigh64 polar polar_bf16 paper_bf16 paper_fp32 --out "
     "docs/data/bench_ops_cpu_recorded.json --plot docs/figures/ops_pareto_recorded.png",
-    "bench_ops_cpu_synthetic": "spectra bench ops --threads 1 --repeats 3 --budget 10 --shapes "
-    "768x768 768x3072 2048x2048 --inputs adam_spike sign gauss --methods auto eigh64 polar "
-    "polar_bf16 paper_bf16 paper_fp32 --paper-bf16 always --out "
-    "docs/data/bench_ops_cpu_synthetic.json --plot docs/figures/ops_pareto_synthetic.png",
-    "bench_ops_cpu": "spectra bench ops --threads 1 --repeats 3 --budget 10 --shapes 768x768 "
-    "768x3072 2048x2048 --methods auto eigh64 polar paper_bf16 paper_fp32 --out "
+    "bench_ops_cpu_synthetic": NO_BF16
+    + "spectra bench ops --threads 1 --repeats 3 --budget 10 --shapes 768x768 768x3072 "
+    "2048x2048 --inputs adam_spike sign gauss --methods auto eigh64 polar polar_bf16 "
+    "paper_bf16 paper_fp32 --paper-bf16 always --out docs/data/bench_ops_cpu_synthetic.json "
+    "--plot docs/figures/ops_pareto_synthetic.png",
+    "bench_ops_cpu": NO_BF16
+    + "spectra bench ops --threads 1 --repeats 3 --budget 10 --shapes 768x768 768x3072 "
+    "2048x2048 --methods auto eigh64 polar paper_bf16 paper_fp32 --out "
     "docs/data/bench_ops_cpu.json --plot docs/figures/ops_pareto.png",
     "bench_ops_cpu_native_bf16": "spectra bench ops --threads 2 --repeats 3 --shapes 768x768 "
     "768x3072 2048x2048 --inputs adam_spike sign recorded --dtypes fp32 --methods auto eigh "
     "polar mixed paper_bf16 paper_fp32 --paper-bf16 always --out "
     "docs/data/bench_ops_cpu_native_bf16.json --plot docs/figures/ops_pareto_native_bf16.png",
-    "bench_ssc_vs_orth_cpu": "spectra bench ops --sizes 128 256 512 1024 --inputs adam_spike "
-    "--dtypes fp32 --methods auto paper_fp32 paper_bf16 orth_muon orth_muon_fp32 --paper-bf16 "
-    "always --repeats 3 --budget 10 --threads 1 --no-progress --plot-sizes "
+    "bench_ssc_vs_orth_cpu": NO_BF16
+    + "spectra bench ops --sizes 128 256 512 1024 --inputs adam_spike --dtypes fp32 "
+    "--methods auto paper_fp32 paper_bf16 orth_muon orth_muon_fp32 --paper-bf16 always "
+    "--repeats 3 --budget 10 --threads 1 --no-progress --plot-sizes "
     "docs/figures/ssc_vs_orth.png --out docs/data/bench_ssc_vs_orth_cpu.json",
-    "bench_optim_cpu_2threads": "spectra bench optim --threads 2 --repeats 2 --methods "
-    "torch-adamw torch-adamw-loop spectra-adamw spectra-adamw-chunked spectra-wrap "
-    "paper-wrap-bf16 paper-wrap-fp32 --json docs/data/bench_optim_cpu_2threads.json",
+    "bench_optim_cpu_2threads": NO_BF16
+    + "spectra bench optim --threads 2 --repeats 2 --methods torch-adamw torch-adamw-loop "
+    "spectra-adamw spectra-adamw-chunked spectra-wrap paper-wrap-bf16 paper-wrap-fp32 --json "
+    "docs/data/bench_optim_cpu_2threads.json",
     "bench_optim_cpu_native_bf16_2threads": "spectra bench optim --threads 2 --repeats 2 "
     "--warmup 1 --methods torch-adamw spectra-adamw spectra-adamw-eigh spectra-adamw-polar "
     "spectra-wrap paper-wrap-bf16 paper-wrap-fp32 --json "
@@ -72,33 +83,40 @@ COMMANDS: dict[str, str] = {
     "--vocab 4096 --threads 2 --repeats 9 --warmup 2 --methods torch-adamw spectra-adamw "
     "spectra-adamw-eigh spectra-adamw-polar spectra-adamw-mixed paper-wrap-bf16 --no-memory "
     "--json docs/data/bench_optim_main_job_native_bf16.json",
-    **{f"bench_optim_memory_cpu_{n}": "spectra bench optim --matrices 64 1024 --clip-c 1 "
-       f"--threads {t} --repeats 3 --methods torch-adamw torch-adamw-loop spectra-adamw "
-       f"spectra-adamw-chunked --json docs/data/bench_optim_memory_cpu_{n}.json"
-       for n, t in (("2threads", 2), ("1thread", 1))},
+    "bench_optim_memory_cpu_2threads": NO_BF16
+    + "spectra bench optim --matrices 64 1024 --clip-c 1 --threads 2 --repeats 3 --methods "
+    "torch-adamw torch-adamw-loop spectra-adamw spectra-adamw-chunked --json "
+    "docs/data/bench_optim_memory_cpu_2threads.json",
+    "bench_optim_memory_cpu_1thread": NO_BF16
+    + "spectra bench optim --matrices 64 1024 --clip-c 1 --threads 1 --repeats 3 --methods "
+    "torch-adamw torch-adamw-loop spectra-adamw spectra-adamw-chunked --json "
+    "docs/data/bench_optim_memory_cpu_1thread.json",
     "bench_step_main_job_native_bf16_2threads": "spectra bench step --preset cpu-small "
-    "--batch-size 16 --optimizer adamw spectra-adamw --steps 15 --warmup 3 --threads 2 --json "
-    "docs/data/bench_step_main_job_native_bf16_2threads.json",
-    "bench_step_main_job_2threads": "spectra bench step --preset cpu-small --batch-size 16 "
-    "--optimizer adamw spectra-adamw --steps 15 --warmup 3 --threads 2 --json "
-    "docs/data/bench_step_main_job_2threads.json",
-    "bench_step_main_job_1thread": "spectra bench step --preset cpu-small --batch-size 16 "
-    "--optimizer adamw spectra-adamw --steps 9 --warmup 2 --threads 1 --json "
-    "docs/data/bench_step_main_job_1thread.json",
-    "bench_step_cpu": "spectra bench step --preset cpu-small --optimizer adamw spectra-adamw "
-    "signum spectra-signum ademamix spectra-ademamix mars --pre-clip 0.1 --steps 8 --warmup 2 "
+    "--batch-size 16 --optimizer adamw spectra-adamw --steps 15 --warmup 3 --threads 2 "
+    "--json docs/data/bench_step_main_job_native_bf16_2threads.json",
+    "bench_step_main_job_2threads": NO_BF16
+    + "spectra bench step --preset cpu-small --batch-size 16 --optimizer adamw spectra-adamw "
+    "--steps 15 --warmup 3 --threads 2 --json docs/data/bench_step_main_job_2threads.json",
+    "bench_step_main_job_1thread": NO_BF16
+    + "spectra bench step --preset cpu-small --batch-size 16 --optimizer adamw spectra-adamw "
+    "--steps 9 --warmup 2 --threads 1 --json docs/data/bench_step_main_job_1thread.json",
+    "bench_step_cpu": NO_BF16
+    + "spectra bench step --preset cpu-small --optimizer adamw spectra-adamw signum "
+    "spectra-signum ademamix spectra-ademamix mars --pre-clip 0.1 --steps 8 --warmup 2 "
     "--threads 2 --json docs/data/bench_step_cpu.json",
-    "bench_step_cpu_baselines": "spectra bench step --preset cpu-small --optimizer adamw dmuon "
-    "soap --steps 8 --warmup 2 --threads 2 --json docs/data/bench_step_cpu_baselines.json",
-    "bench_dist_cpu": "spectra bench dist --procs 1 2 4 --repeats 10 --json "
-    "docs/data/bench_dist_cpu.json",
-    "bench_dist_traffic": "spectra bench dist --no-timing --volume --traffic-procs 2 4 --json "
+    "bench_step_cpu_baselines": NO_BF16
+    + "spectra bench step --preset cpu-small --optimizer adamw dmuon soap --steps 8 --warmup "
+    "2 --threads 2 --json docs/data/bench_step_cpu_baselines.json",
+    "bench_dist_cpu": NO_BF16
+    + "spectra bench dist --procs 1 2 4 --repeats 10 --json docs/data/bench_dist_cpu.json",
+    "bench_dist_traffic": NO_BF16
+    + "spectra bench dist --no-timing --volume --traffic-procs 2 4 --json "
     "docs/data/bench_dist_traffic.json",
     "bench_memory_cpu_small": "spectra bench memory --preset cpu-small --json "
     "docs/data/bench_memory_cpu_small.json",
-    "main_job_clip_step_no_bf16": "SPECTRA_CPU_BF16_UNITS=0 python experiments/clip_method_step.py"
-    " --methods auto/32 auto mixed --steps 15 --warmup 3 --json "
-    "docs/data/main_job_clip_step_no_bf16.json",
+    "main_job_clip_step_no_bf16": NO_BF16
+    + "python experiments/clip_method_step.py --methods auto/32 auto mixed --steps 15 "
+    "--warmup 3 --json docs/data/main_job_clip_step_no_bf16.json",
     "operator_errors_spiked": "python experiments/operator_errors.py --json "
     "docs/data/operator_errors_spiked.json",
     "mixed_error_spiked": "python experiments/mixed_error_sweep.py --spiked --json "
@@ -108,7 +126,7 @@ COMMANDS: dict[str, str] = {
     "baselines_state_memory": "python experiments/baselines_state_memory.py --json "
     "docs/data/baselines_state_memory.json",
     "main_job_step_ratio": STEP_RATIO,
-}  # fmt: skip
+}
 
 
 def why(name: str, stale: dict[str, str]) -> str | None:
@@ -120,6 +138,9 @@ def why(name: str, stale: dict[str, str]) -> str | None:
     about = report.get("machine") or report
     if not about.get("cpu"):
         return "records no CPU model"
+    emulated = str(about.get("cpu_bf16", "")).startswith("emulated")
+    if emulated != (NO_BF16_UNITS in COMMANDS[name]):
+        return "measured on the other bf16 path than the page quotes"
     return stale.get(name)
 
 
