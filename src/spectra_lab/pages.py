@@ -210,7 +210,13 @@ def render(root: Path) -> tuple[dict[str, str], dict[str, list[str]]]:
     under ``root``, in ``docs/data/`` or ``results/``), as Python's audit hook saw them open."""
     bodies, read = {}, {}
     for key, make in BLOCKS.items():
-        bodies[key], read[key] = traced(root, lambda make=make: make(root))
+        try:
+            bodies[key], read[key] = traced(root, lambda make=make: make(root))
+        except FileNotFoundError:
+            raise
+        except (KeyError, ValueError, IndexError, TypeError, StopIteration) as exc:
+            raise ValueError(f"block {key}: its data do not give it ({type(exc).__name__}: "
+                             f"{exc})") from exc  # fmt: skip
     return bodies, read
 
 

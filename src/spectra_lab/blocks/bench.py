@@ -188,7 +188,7 @@ def errors_text(cells: list, method: str) -> str:
 
 
 def ops_in_short(root: Path) -> str:
-    """``auto`` against the paper's Algorithm 1 on the two CPUs, by kind of input: its time ÷
+    """``auto`` against the paper's Algorithm 1 on the two bf16 paths, by kind of input: its time ÷
     the paper's bf16 run (range over the cells), its error and the paper's two runs' errors
     (float32 inputs)."""
     recorded = ops_cells(root, "bench_ops_cpu_recorded")
@@ -204,18 +204,21 @@ def ops_in_short(root: Path) -> str:
                 errors_text(cells, "paper_fp32"), errors_text(cells, "paper_bf16")]  # fmt: skip
 
     nat_rec = pick(native, None)
+    # how the native run's CPU has bf16, as the file records it: "native (AVX-512 BF16)"
+    units = json_of(root, "docs/data/bench_ops_cpu_native_bf16.json")["cpu_bf16"]
+    nat = units.replace(" (", ", ").removesuffix(")")
     n_rec = len([c for c in recorded if c.method == "auto"])
     n_nat = len([c for c in nat_rec if c.method == "auto"])
     rows = [
         row("recorded training directions", f"emulated ({n_rec} cells)", recorded),
         # the paper's errors on float32 inputs do not depend on the CPU: the emulated run's
-        [*row("", f"native, AMX ({n_nat} cells)", nat_rec)[:4],
+        [*row("", f"{nat} ({n_nat} cells)", nat_rec)[:4],
          errors_text(recorded, "paper_fp32"), errors_text(recorded, "paper_bf16")],
         row("synthetic sign / Gaussian, 768² to 2048²", "emulated",
             pick(synthetic, ("sign", "gauss"))),
-        row("synthetic sign, 768² to 2048²", "native, AMX", pick(native, ("sign",))),
+        row("synthetic sign, 768² to 2048²", nat, pick(native, ("sign",))),
         row("stress: spike at σ = 10³·c", "emulated", pick(synthetic, ("adam_spike",))),
-        row("", "native, AMX", pick(native, ("adam_spike",))),
+        row("", nat, pick(native, ("adam_spike",))),
     ]  # fmt: skip
     head = ["inputs", "CPU bf16", "`auto` time ÷ paper bf16", "`auto` error", "paper fp32 error",
             "paper bf16 error (errors: float32 input)"]  # fmt: skip

@@ -72,14 +72,6 @@ def baselines_soap_range(root: Path) -> str:
     return f"SOAP needs {value_range(soap, '.1f')}×"
 
 
-def bf16_rate(root: Path) -> str:
-    """torch's bf16 and float32 product rates on the CPU of ``docs/data/bench_ops_cpu.json``."""
-    r = json_of(root, "docs/data/bench_ops_cpu.json")["matmul_gflops"]
-    bf16, fp32 = r["bf16"], r["fp32"]
-    return (f"a bf16 product at {bf16:.0f} GFLOP/s against {fp32:.0f} in float32, so the "
-            f"bf16 iteration's products run {fp32 / bf16:.0f}× slower")  # fmt: skip
-
-
 # --------------------------------------------------------------------------- diagnostics.md
 
 SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
@@ -269,7 +261,6 @@ LIBRARY_PHRASES: dict[str, Callable[[Path], str]] = {
     "data:baselines-memory-adamw-side": baselines_memory_adamw_side,
     "data:baselines-memory-paper-sizes": baselines_memory_paper_sizes,
     "data:baselines-soap-range": baselines_soap_range,
-    "data:baselines-bf16-rate": bf16_rate,
     "data:diag-final-loss": diag_final_loss,
     "data:diag-grad-cond": diag_grad_cond,
     "data:diag-grad-tail": diag_grad_tail,

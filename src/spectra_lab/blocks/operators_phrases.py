@@ -18,7 +18,6 @@ from spectra_lab.blocks.common import (
     table,
     value_range,
 )
-from spectra_lab.blocks.phrases import rates
 
 # --------------------------------------------------------------------------- helpers
 
@@ -282,13 +281,9 @@ def no_bf16_floor(root: Path) -> str:
 
 
 def no_bf16_rate(root: Path) -> str:
-    """Float32 rates (``main_job_clip_step_no_bf16.json``, ``bench_ops_cpu*.json``)."""
+    """This CPU's float32 rate (``docs/data/main_job_clip_step_no_bf16.json``)."""
     run = json_of(root, "docs/data/main_job_clip_step_no_bf16.json")
-    fp32 = [r["fp32"] for r in rates(root)]
-    return (
-        f"at {run['fp32_gflops']:.0f} GFLOP/s (`fp32_gflops` in the file) against "
-        f"{value_range(fp32, '.0f')} on the AVX2-only EPYC above"
-    )
+    return f"at {run['fp32_gflops']:.0f} GFLOP/s (`fp32_gflops` in the file)"
 
 
 # --------------------------------------------------------------------------- H100 model
@@ -360,13 +355,9 @@ def ssc_rates(root: Path) -> str:
 
 
 def ssc_muon_bf16(root: Path) -> str:
-    """torch's bf16 rate, bf16 Muon's cost (``bench_ops_cpu.json``, ``bench_ssc_vs_orth_cpu``)."""
-    native = max(r["bf16"] for r in rates(root) if r["bf16"] < 10)
+    """bf16 Muon's time over float32 Muon's (``docs/data/bench_ssc_vs_orth_cpu.json``)."""
     ratio = _ssc_ratio(root, "orth_muon", "orth_muon_fp32")
-    return (
-        f"which run at about {native:.0f} GFLOP/s on this CPU (`bench_ops_cpu.json`): it "
-        f"takes {min(ratio):.0f}–{max(ratio):.0f}× the time of the same steps in float32"
-    )
+    return f"its 5 steps take {_x_range(ratio)} the time of the same steps in float32"
 
 
 def ssc_like(root: Path) -> str:

@@ -181,22 +181,9 @@ def rates(root: Path) -> list[dict]:
     return [json_of(root, f"docs/data/{n}.json")["matmul_gflops"] for n in names]
 
 
-def rate_native(root: Path) -> str:
-    fp32 = [r["fp32"] for r in rates(root)]
-    native = max(r["bf16"] for r in rates(root) if r["bf16"] < 10)
-    return f"about {native:.0f} GFLOP/s against {min(fp32):.0f}–{max(fp32):.0f} GFLOP/s"
-
-
-def rate_emulated(root: Path) -> str:
-    emulated = [r for r in rates(root) if r["bf16"] >= 10]
-    bf, fp = [r["bf16"] for r in emulated], [r["fp32"] for r in emulated]
-    return f"({min(bf):.0f}–{max(bf):.0f} against {min(fp):.0f}–{max(fp):.0f} GFLOP/s measured"
-
-
 QUOTED = {"repro-same": repro_same, "repro-spectra": repro_spectra,
            "repro-generic": repro_generic, "step-clip": step_clip, "vs-muon": vs_muon,
-           "fused": fused, "memory": memory, "memory-before": memory_before,
-           "rate-native": rate_native, "rate-emulated": rate_emulated}  # fmt: skip
+           "fused": fused, "memory": memory, "memory-before": memory_before}  # fmt: skip
 
 
 #: The phrases by block key.
