@@ -394,7 +394,32 @@ def ssc_budget(root: Path) -> str:
 
 
 #: The phrases by block key.
+def native_split(root: Path) -> str:
+    """Where ``auto`` beats the paper's bf16 run on the CPU with bf16 units, by input
+    (``docs/data/bench_ops_cpu_native_bf16.json``, float32 input)."""
+    auto = [c for c in ops_cells(root, "bench_ops_cpu_native_bf16")
+            if c.method == "auto" and c.dtype == "fp32"]  # fmt: skip
+    recorded = [c for c in auto if "@" in c.input]
+    sign = sorted((c for c in auto if c.input == "sign"),
+                  key=lambda c: [int(x) for x in c.shape.split("x")])  # fmt: skip
+
+    def shapes(cells: list) -> str:
+        names = [c.shape.replace("x", "×") for c in cells]
+        return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+    faster = [c for c in sign if c.vs_paper_bf16 <= 1]
+    slower = [c for c in sign if c.vs_paper_bf16 > 1]
+    rec = sum(c.vs_paper_bf16 <= 1 for c in recorded)
+    text = ("on every recorded direction" if rec == len(recorded)
+            else f"on {rec} of the {len(recorded)} recorded directions")  # fmt: skip
+    if faster:
+        text += f" and on the sign input at {shapes(faster)}"
+    return text + (f", slower at {shapes(slower)} and on the spikes" if slower
+                   else ", slower on the spikes")  # fmt: skip
+
+
 OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
+    "data:operators-native-split": native_split,
     "data:operators-mixed-spike-error": mixed_spike_error,
     "data:operators-main-job-threads": main_job_threads,
     "data:operators-gpu-summary": gpu_summary,
