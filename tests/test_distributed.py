@@ -373,3 +373,14 @@ def test_unsupported_dtensor_layouts_are_refused_by_name():
             opt.step()
     finally:
         dist.destroy_process_group()
+
+
+def test_bench_dist_measures_only_the_layouts_a_process_count_can_take():
+    # cpu-small has 6 heads: 4 tensor-parallel processes cannot split them (the trainer says
+    # so), 2 can, and the 2-D mesh of 4 puts 2 on its tensor-parallel side
+    from spectra_lab.bench.dist import LAYOUTS, _layouts_for
+    from spectra_lab.model import model_config
+
+    assert model_config("cpu-small", 4096).n_heads == 6
+    assert _layouts_for(list(LAYOUTS), 4, "cpu-small", 4096) == [x for x in LAYOUTS if x != "tp"]
+    assert _layouts_for(list(LAYOUTS), 2, "cpu-small", 4096) == [x for x in LAYOUTS if x != "2d"]

@@ -318,8 +318,21 @@ class _Stub:
         self.device = torch.device("cpu")
 
 
-def _layouts_for(layouts: list[str], n: int) -> list[str]:
-    return [x for x in layouts if x != "2d" or (n >= 4 and n % 2 == 0)]
+def _layouts_for(layouts: list[str], n: int, preset: str, vocab: int) -> list[str]:
+    """The layouts that ``n`` processes can take on ``preset``: ``2d`` needs an even count of 4
+    or more, and a layout's tensor-parallel part must divide the heads and the MLP's width."""
+    from spectra_lab.model import model_config
+
+    mc = model_config(preset, vocab)
+    tp = {"tp": n, "2d": n // 2}
+
+    def fits(x: str) -> bool:
+        if x == "2d" and (n < 4 or n % 2):
+            return False
+        size = tp.get(x, 1)
+        return mc.n_heads % size == 0 and mc.hidden_dim % size == 0
+
+    return [x for x in layouts if fits(x)]
 
 
 def print_traffic(args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -330,7 +343,7 @@ def print_traffic(args: argparse.Namespace, report: dict[str, Any]) -> None:
     )
     print(f"{'procs':>5} " + " ".join(f"{x:>18}" for x in args.layouts))
     for n in args.traffic_procs:
-        layouts = _layouts_for(args.layouts, n)
+        layouts = _layouts_for(args.layouts, n, args.preset, args.vocab)
         spec = {"preset": args.preset, "vocab": args.vocab, "threads": 1, "layouts": layouts}
         measured = measure_traffic(n, spec)
         model = traffic_model(args.preset, args.vocab, n)
