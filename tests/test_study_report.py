@@ -206,7 +206,7 @@ def test_step_blocks_come_from_bench_step_json_and_are_not_checked_without_it(
         "390–500 ms from one row to the next (AdamW's total is 500 ms in the first run and "
         "450 ms in the second)"
     )
-    assert bodies["step-dmuon"] == "3.1 s an optimizer step (3.6 s the whole step)"
+    assert bodies["step-dmuon"] == "3100 ms an optimizer step (3600 ms the whole step)"
     assert "paper-bf16-error" in missing  # no ops data in tmp_path
 
     # without the data files those blocks are not checked, and the rest still agree

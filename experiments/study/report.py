@@ -1095,8 +1095,7 @@ def step_dmuon_prose(report: dict) -> str:
     if "dmuon" not in rows:
         raise Missing("no dmuon row in the baselines' step table")
     r = rows["dmuon"]
-    return (f"{r['optimizer_ms'] / 1e3:.1f} s an optimizer step ({r['total_ms'] / 1e3:.1f} s the "
-            "whole step)")  # fmt: skip
+    return f"{r['optimizer_ms']:.0f} ms an optimizer step ({r['total_ms']:.0f} ms the whole step)"
 
 
 # ----- figures ----------------------------------------------------------------------------
