@@ -70,7 +70,7 @@ def measure_memory() -> dict:
     import torch
 
     from spectra.optim.baselines.dmuon import default_use_muon
-    from spectra_lab.bench.precision import device_about
+    from spectra_lab.machine import device_about
 
     preset, vocab, overrides = MEASURED_MODEL
     params = [torch.zeros(s, requires_grad=True) for s in _shapes(preset, vocab, **overrides)]

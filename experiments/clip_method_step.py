@@ -22,9 +22,9 @@ import sys
 
 import torch
 
-from spectra_lab.bench.precision import device_about
 from spectra_lab.bench.step import _Run, _step, build
 from spectra_lab.files import write_json_atomic
+from spectra_lab.machine import device_about
 
 
 def make_run(label: str, optimizer: str, kwargs: dict, batch_size: int, steps: int) -> _Run:

@@ -56,7 +56,7 @@ def spiked_errors() -> dict:
     """Per σ_max/c of :data:`SPIKES`: ``mixed``'s worst error and the paper's bf16 run's
     smallest and largest, over the spiked inputs."""
     from spectra_lab.bench.ops import methods
-    from spectra_lab.bench.precision import device_about
+    from spectra_lab.machine import device_about
 
     c = 0.7
     shapes = [(48, 96), (96, 40), (3, 32, 32), (192, 512), (1, 64)]

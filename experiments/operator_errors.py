@@ -24,8 +24,8 @@ from spectra.ops import soft_clip
 from spectra.ops.polar import polar_steps
 from spectra_lab.bench.matrices import spiked
 from spectra_lab.bench.ops import references, rel_err
-from spectra_lab.bench.precision import device_about
 from spectra_lab.files import write_json_atomic
+from spectra_lab.machine import device_about
 
 KINDS = ("adam", "sign", "gauss")
 

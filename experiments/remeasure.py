@@ -2,7 +2,7 @@
 
 Each stored report under ``docs/data/`` that the pages quote is written by one command, the one
 its page shows beside its table; :data:`COMMANDS` holds them. A report needs measuring again
-when it records no CPU model (it predates :func:`spectra_lab.bench.precision.device_about`) or
+when it records no CPU model (it predates :func:`spectra_lab.machine.device_about`) or
 when a later commit changes the code it measures (``spectra docs --stale``). This script runs
 the command of every such report, one after another, on this machine, then rewrites the pages'
 blocks from the new files (``spectra docs``). A report already measured at the current code is

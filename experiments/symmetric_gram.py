@@ -23,8 +23,8 @@ import time
 import torch
 
 from spectra.ops._common import CPU_HAS_BF16_UNITS
-from spectra_lab.bench.precision import device_about
 from spectra_lab.files import write_json_atomic
+from spectra_lab.machine import device_about
 
 #: (batch, m, n): the main job's 192×512 and 192×192 matrices, the 124M model's 768² and
 #: 768×2048 (as its wide view) matrices, one larger

@@ -137,7 +137,7 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
 
 def test_every_bench_report_names_its_machine():
     # the CPU's model and bf16 support (or the GPU), the threads, torch and the commit
-    from spectra_lab.bench.precision import device_about
+    from spectra_lab.machine import device_about
 
     about = device_about("cpu")
     assert about["gpu"] is None and about["cpu"] and about["cpu_bf16"]

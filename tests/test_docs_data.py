@@ -406,7 +406,7 @@ def test_the_machines_page_lists_what_every_stored_measurement_records():
         + [f"gpu/{r['folder']}/" for r in data("docs/data/gpu/runs.json")["runs"]]
     )
     # what a report written by today's benches records
-    from spectra_lab.bench.precision import device_about
+    from spectra_lab.machine import device_about
 
     assert machine_of(device_about("cpu")).startswith(device_about("cpu")["cpu"])
 

@@ -23,7 +23,7 @@ def test_bench_ops_quick_writes_a_complete_table(tmp_path, capsys):
     rc = main([*args, "--out", str(out)])
     assert rc == 0
     payload = json.loads(out.read_text())
-    from spectra_lab.bench.precision import cpu_bf16, cpu_model, source_commit
+    from spectra_lab.machine import cpu_bf16, cpu_model, source_commit
 
     # the report names its machine: the CPU's model and how it runs bf16, the commit
     assert payload["cpu_bf16"] == cpu_bf16() and payload["cpu"] == cpu_model()

@@ -159,7 +159,7 @@ def test_the_cpu_bf16_override_sets_the_default_and_the_report_says_so(value):
     src = str(Path(__file__).resolve().parents[1] / "src")
     code = (
         "import torch; from spectra.ops import _common, methods; "
-        "from spectra_lab.bench.precision import cpu_bf16; "
+        "from spectra_lab.machine import cpu_bf16; "
         "print(_common.CPU_HAS_BF16_UNITS, methods.default_method('soft_clip', "
         "torch.device('cpu'), torch.float32), _common.bf16_matmul(torch.ones(2, 2, "
         "dtype=torch.bfloat16), torch.ones(2, 2, dtype=torch.bfloat16)).sum().item()); "

@@ -13,6 +13,7 @@ MAX_LINES = 80
 ORDER = (
     "errors",
     "files",
+    "machine",
     "model",
     "data",
     "runs",

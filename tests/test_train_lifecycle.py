@@ -233,7 +233,7 @@ def test_run_json_autocast_is_null_on_cpu(dataset, tmp_path):
     assert about["soft_clip_auto"] == soft_clip_method("auto", torch.device("cpu"))
     # and the machine its figures came from: the CPU's model and bf16 support, the threads, the
     # commit (the same record every benchmark's report carries)
-    from spectra_lab.bench.precision import cpu_bf16, cpu_model, source_commit
+    from spectra_lab.machine import cpu_bf16, cpu_model, source_commit
 
     machine = about["machine"]
     assert (machine["gpu"], machine["cpu"], machine["cpu_bf16"]) == (None, cpu_model(), cpu_bf16())

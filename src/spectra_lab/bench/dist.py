@@ -432,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
             check_int("--ranks", n, low=2)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    from spectra_lab.bench.precision import device_about
+    from spectra_lab.machine import device_about
 
     report: dict[str, Any] = {"machine": device_about("cpu"), "timing": [], "volume": [],
                               "traffic": [], "traffic_model": []}  # fmt: skip

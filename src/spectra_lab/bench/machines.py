@@ -1,7 +1,7 @@
 """The machines behind the stored measurements under ``docs/data/``: one row per machine as the
 files record it, rendered as the table the docs show (``machines_table``).
 
-A file names its machine through the fields :func:`spectra_lab.bench.precision.device_about`
+A file names its machine through the fields :func:`spectra_lab.machine.device_about`
 writes (``gpu``; ``cpu`` and ``cpu_bf16``; ``threads``, ``torch``), or, for a GPU run, through
 its ``gpu_check.json``. Files written before the CPU's model was recorded say only what they
 hold; the table says so rather than guess.

@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"preset {args.preset}: M = {rows[0]['parameters']:,} parameters\n")
     print(format_table(rows))
     if args.json:
-        from spectra_lab.bench.precision import device_about
         from spectra_lab.files import write_json_atomic
+        from spectra_lab.machine import device_about
 
         report = {"preset": args.preset, "machine": device_about("cpu"), "rows": rows}
         write_json_atomic(args.json, report)

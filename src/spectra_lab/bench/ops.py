@@ -55,8 +55,9 @@ from spectra_lab.bench.ops_report import (
     terminal_report,
     to_markdown,
 )
-from spectra_lab.bench.precision import add_tf32_argument, apply_tf32, device_about
+from spectra_lab.bench.precision import add_tf32_argument, apply_tf32
 from spectra_lab.files import atomic_write
+from spectra_lab.machine import device_about
 
 #: The synthetic kind of ``--sizes`` when ``--inputs`` names none.
 SIZES_INPUT = "adam_spike"

@@ -84,9 +84,10 @@ from spectra.optim.wrapper import eighth_chunks
 from spectra.validate import check_int
 from spectra_lab.bench.capturable import CAPTURABLE_METHODS, graph_note, make_capturable
 from spectra_lab.bench.peers import MuonWithAdamW, fused_adamw_note
-from spectra_lab.bench.precision import add_tf32_argument, apply_tf32, device_about
+from spectra_lab.bench.precision import add_tf32_argument, apply_tf32
 from spectra_lab.errors import CLIError
 from spectra_lab.files import atomic_write
+from spectra_lab.machine import device_about
 
 METHODS = (
     "torch-adamw",

@@ -1,22 +1,15 @@
-"""The ``--tf32`` option of the benchmarks and what a report says about its machine.
+"""The ``--tf32`` option of the benchmarks.
 
 float32 matrix products on CUDA run in full float32 by default; ``--tf32`` lets them use TF32
-tensor cores (10-bit mantissa), ``torch.set_float32_matmul_precision("high")``. The setting,
-the GPU's name or the CPU's model and bf16 support, the thread count, torch and the commit go
-into every benchmark's report (:func:`device_about`), so that a figure names its machine.
+tensor cores (10-bit mantissa), ``torch.set_float32_matmul_precision("high")``. The setting
+goes into every benchmark's report with its machine (:func:`spectra_lab.machine.device_about`).
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
-from pathlib import Path
-from typing import Any
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def add_tf32_argument(parser: argparse.ArgumentParser) -> None:
@@ -31,64 +24,3 @@ def add_tf32_argument(parser: argparse.ArgumentParser) -> None:
 def apply_tf32(args: argparse.Namespace) -> None:
     """Set the float32 matmul precision the options ask for (full float32 unless ``--tf32``)."""
     torch.set_float32_matmul_precision("high" if args.tf32 else "highest")
-
-
-def cpu_bf16() -> str:
-    """How this CPU multiplies bf16 matrices: ``"native (AMX)"``, ``"native (AVX-512 BF16)"``
-    or ``"emulated"`` (through float32, :func:`spectra.ops._common.bf16_matmul`); where
-    ``SPECTRA_CPU_BF16_UNITS`` overrides the probe, what the operators were told and what the
-    CPU has, e.g. ``"emulated (SPECTRA_CPU_BF16_UNITS=0; the CPU has AVX-512 BF16)"``."""
-    from spectra.ops import _common
-
-    cpu = getattr(torch, "cpu", None)
-    if bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()):
-        units = "AMX"
-    elif bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()):
-        units = "AVX-512 BF16"
-    else:
-        units = None
-    told = _common.CPU_HAS_BF16_UNITS
-    if told == (units is not None):
-        return f"native ({units})" if units else "emulated"
-    env = f"{_common.CPU_BF16_ENV}={int(told)}"
-    return (
-        f"native ({env}; the CPU has no bf16 units)"
-        if told
-        else (f"emulated ({env}; the CPU has {units})")
-    )
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; elsewhere what ``platform`` says)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def source_commit() -> str | None:
-    """The short commit of the checkout the code runs from (``None`` outside a git checkout)."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                         capture_output=True, check=False).stdout.strip()  # fmt: skip
-    return out or None
-
-
-def device_about(device: torch.device | str) -> dict[str, Any]:
-    """The machine a report was measured on: the GPU's name (``None`` on the CPU), or the CPU's
-    model and bf16 support; the torch threads, torch, the commit and the float32 matmul
-    precision in force."""
-    device = torch.device(device)
-    about = {
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "commit": source_commit(),
-    }
-    if device.type == "cpu":
-        about.update(cpu=cpu_model(), cpu_bf16=cpu_bf16())
-    return about

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from spectra.validate import check_int, check_number
-from spectra_lab.bench.precision import device_about
 from spectra_lab.errors import CLIError
+from spectra_lab.machine import device_about
 
 DEFAULT_OPTIMIZERS = ("adamw", "spectra-adamw", "signum", "spectra-signum")
 #: Vocabulary of the random tokens (the embedded corpus's default BPE size).

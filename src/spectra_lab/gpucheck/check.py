@@ -350,7 +350,7 @@ PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
 
 
 def about_machine() -> dict[str, Any]:
-    from spectra_lab.bench.precision import source_commit
+    from spectra_lab.machine import source_commit
 
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

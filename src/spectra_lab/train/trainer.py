@@ -49,8 +49,8 @@ from torch import nn
 from spectra import SpectralMonitor
 from spectra.ops import soft_clip_method
 from spectra.optim.base import NonFiniteError
-from spectra_lab.bench.precision import device_about
 from spectra_lab.errors import UserError
+from spectra_lab.machine import device_about
 from spectra_lab.model.flops import flops_per_token
 from spectra_lab.runs.checkpoint import (
     PerRank,
