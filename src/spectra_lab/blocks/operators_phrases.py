@@ -389,11 +389,13 @@ def ssc_muon_error(root: Path) -> str:
 def ssc_budget(root: Path) -> str:
     """The cells ``--budget`` cut short (``docs/data/bench_ssc_vs_orth_cpu.json``)."""
     short = [c for c in ops_cells(root, "bench_ssc_vs_orth_cpu") if c.runs == 1]
-    return "; ".join(f"`{c.method}` at {c.shape.split('x')[0]} after one run "
-                     f"({c.time_ms / 1e3:.0f} s)" for c in short)  # fmt: skip
+    if not short:
+        return "Every cell is the median of 3 (`--budget 10` cut none short)"
+    cut = "; ".join(f"`{c.method}` at {c.shape.split('x')[0]} after one run "
+                    f"({c.time_ms / 1e3:.0f} s)" for c in short)  # fmt: skip
+    return f"`--budget 10` stopped {cut}; every other cell is the median of 3"
 
 
-#: The phrases by block key.
 def native_split(root: Path) -> str:
     """Where ``auto`` beats the paper's bf16 run on the CPU with bf16 units, by input
     (``docs/data/bench_ops_cpu_native_bf16.json``, float32 input)."""
