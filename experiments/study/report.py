@@ -241,6 +241,20 @@ def c_table(cab: dict | None, seeds: dict | None) -> tuple[str, dict]:
     return "\n".join(rows), {"values": values, "diffs": diffs}
 
 
+def soft_and_hard(
+    opt: str, c: float, hvs: dict | None, seeds: dict | None, cab: dict | None
+) -> tuple[dict[int, float], dict[int, float]]:
+    """``opt``'s losses by seed with the soft clip and with the hard one at ``c``: the soft runs
+    at c = 10 are seeds.yaml's, Spectra-AdamW's at 5 and 20 c-ablation.yaml's."""
+    if c == 10.0:
+        soft = per_seed(seeds, optimizer=opt)
+    elif opt == "spectra-adamw":
+        soft = per_seed(cab, clip_c=c)
+    else:
+        soft = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs=None)
+    return soft, per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs={"post": "hard_clip"})
+
+
 def hard_table(hvs: dict | None, seeds: dict | None, cab: dict | None) -> str:
     """Hard against soft clipping: final val loss of each, Δ = hard − soft (paired) per
     optimizer and c. The soft runs at c = 10 are seeds.yaml's, Spectra-AdamW's at 5 and 20
@@ -249,13 +263,7 @@ def hard_table(hvs: dict | None, seeds: dict | None, cab: dict | None) -> str:
             "verdict |", "|---|---:|---|---|---|---|"]  # fmt: skip
     for opt in ("spectra-adamw", "spectra-signum"):
         for c in (5.0, 10.0, 20.0):
-            if c == 10.0:
-                soft = per_seed(seeds, optimizer=opt)
-            elif opt == "spectra-adamw":
-                soft = per_seed(cab, clip_c=c)
-            else:
-                soft = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs=None)
-            hard = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs={"post": "hard_clip"})
+            soft, hard = soft_and_hard(opt, c, hvs, seeds, cab)
             d = paired(soft, hard)
             verdict = difference(d, "soft lower", "hard lower")
             rows.append(f"| {opt} | {c:g} | {mean_std(soft)} | {mean_std(hard)} | "
@@ -792,14 +800,7 @@ def hard_soft_prose(hvs: dict | None, seeds: dict | None, cab: dict | None) -> s
     worst = 0.0
     for opt in ("spectra-adamw", "spectra-signum"):
         for c in (5.0, 10.0):
-            if c == 10.0:
-                soft = per_seed(seeds, optimizer=opt)
-            elif opt == "spectra-adamw":
-                soft = per_seed(cab, clip_c=c)
-            else:
-                soft = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs=None)
-            hard = per_seed(hvs, optimizer=opt, clip_c=c, optimizer_kwargs={"post": "hard_clip"})
-            d = paired(soft, hard)
+            d = paired(*soft_and_hard(opt, c, hvs, seeds, cab))
             if d is None:
                 raise Missing(f"hard-vs-soft: {opt} at c = {c:g} has not run")
             worst = max(worst, abs(d["mean"]))

@@ -226,14 +226,31 @@ def native_floor_flops(root: Path) -> str:
             f"({square / 1e9:.0f} GFLOP)")  # fmt: skip
 
 
+#: The 124M optimizer step on the CPU with bf16 units, by method (``spectra bench optim``).
+NATIVE_STEP = "bench_optim_cpu_native_bf16_2threads"
+
+
+def _native_rows(root: Path, name: str) -> dict[str, dict]:
+    return {r["method"]: r for r in json_of(root, f"docs/data/{name}.json")["rows"]}
+
+
+def _native_floor(root: Path) -> tuple[float, float, float]:
+    """The 124M step's floor on the CPU with bf16 units, in seconds: the float32 products at
+    the measured float32 rate, two bf16 steps at the bf16 rate, and their sum with AdamW's own
+    step (``bench_ops_cpu_native_bf16``, ``bench_optim_cpu_native_bf16_2threads``)."""
+    _, gram, square, bf16 = _124m_flops()
+    rate = json_of(root, "docs/data/bench_ops_cpu_native_bf16.json")["matmul_gflops"]
+    fp32_s, bf16_s = (gram + square) / 1e9 / rate["fp32"], bf16 / 1e9 / rate["bf16"]
+    adamw = _native_rows(root, NATIVE_STEP)["torch-adamw"]["step_s"]
+    return fp32_s, bf16_s, adamw + fp32_s + bf16_s
+
+
 def native_floor(root: Path) -> str:
     """The AMX step's floor (``bench_ops_cpu_native_bf16``, ``bench_optim_…native_bf16``)."""
     _, gram, square, bf16 = _124m_flops()
     rate = json_of(root, "docs/data/bench_ops_cpu_native_bf16.json")["matmul_gflops"]
-    rows = {r["method"]: r["step_s"] for r in json_of(
-        root, "docs/data/bench_optim_cpu_native_bf16_2threads.json")["rows"]}  # fmt: skip
-    fp32_s, bf16_s = (gram + square) / 1e9 / rate["fp32"], bf16 / 1e9 / rate["bf16"]
-    floor = rows["torch-adamw"] + fp32_s + bf16_s
+    rows = {m: r["step_s"] for m, r in _native_rows(root, NATIVE_STEP).items()}
+    fp32_s, bf16_s, floor = _native_floor(root)
     paper, rest = rows["paper-wrap-bf16"], rows["spectra-adamw"] - floor
     return (f"At the float32 rate measured here ({rate['fp32']:.0f} GFLOP/s, one 512³ product "
             f"on two threads) those {(gram + square) / 1e9:.0f} GFLOP take {fp32_s:.2f} s; with "
@@ -420,19 +437,12 @@ def native_split(root: Path) -> str:
                    else ", slower on the spikes")  # fmt: skip
 
 
-def _native_rows(root: Path, name: str) -> dict[str, dict]:
-    return {r["method"]: r for r in json_of(root, f"docs/data/{name}.json")["rows"]}
-
-
 def native_target(root: Path) -> str:
     """The default's 124M step against the ``≤ 0.5×`` target, and whether the float32 products
     alone rule it out (``bench_optim_cpu_native_bf16_2threads``, ``bench_ops_cpu_native_bf16``)."""
-    rows = _native_rows(root, "bench_optim_cpu_native_bf16_2threads")
+    rows = _native_rows(root, NATIVE_STEP)
     ratio = rows["spectra-adamw"]["step_s"] / rows["paper-wrap-bf16"]["step_s"]
-    _, gram, square, bf16 = _124m_flops()
-    rate = json_of(root, "docs/data/bench_ops_cpu_native_bf16.json")["matmul_gflops"]
-    floor = (rows["torch-adamw"]["step_s"] + (gram + square) / 1e9 / rate["fp32"]
-             + bf16 / 1e9 / rate["bf16"]) / rows["paper-wrap-bf16"]["step_s"]  # fmt: skip
+    floor = _native_floor(root)[2] / rows["paper-wrap-bf16"]["step_s"]
     met = "That meets" if ratio <= 0.5 else "That is not"
     reach = ("**`0.5×` is out of reach on this CPU at this accuracy**" if floor > 0.5 else
              "the float32 products alone do not put `0.5×` out of reach on this CPU (the floor "
@@ -444,7 +454,7 @@ def native_mixed_vs_eigh(root: Path) -> str:
     """``mixed`` (the default) against the exact ``eigh`` in the optimizer step at the main
     job's shapes and at the 124M ones (``bench_optim_main_job_native_bf16``, ``…_2threads``)."""
     small = _native_rows(root, "bench_optim_main_job_native_bf16")
-    large = _native_rows(root, "bench_optim_cpu_native_bf16_2threads")
+    large = _native_rows(root, NATIVE_STEP)
 
     def compare(rows: dict, where: str, unit: float, fmt: str) -> str:
         m, e = rows["spectra-adamw"]["step_s"] * unit, rows["spectra-adamw-eigh"]["step_s"] * unit
