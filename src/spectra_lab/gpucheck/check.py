@@ -28,6 +28,10 @@ beside its peers first:
                               tokens/s, MFU and peak memory (median over the steps after the
                               first ``TRAIN_SKIP``; random tokens from a 50304-token
                               vocabulary, since a step's time does not depend on them)
+``overhead.json``            the paper's timing table's overhead on one GPU: the 124M model
+                              compiled at the paper's tokens per GPU step (16 sequences of
+                              512, 4 accumulation steps), torch AdamW, Spectra-AdamW and its
+                              capturable step: step time, optimizer share, overhead
 ``bench_ops.json``            ``spectra bench ops`` at the paper's shapes against the paper's
                               bf16 Algorithm 1
 ``bench_optim_tf32.json``,    the 124M ``bench optim`` and ``bench ops`` again with TF32
@@ -82,6 +86,11 @@ TRAIN_RUNS = (
     (True, "torch-adamw", False), (True, "spectra-adamw", False),
     (True, "spectra-adamw", True),
 )  # fmt: skip
+#: The overhead runs (:func:`check_overhead`): compiled, at the paper's tokens per GPU step
+OVERHEAD_RUNS = (
+    (True, "torch-adamw", False), (True, "spectra-adamw", False), (True, "spectra-adamw", True),
+)  # fmt: skip
+OVERHEAD_STEPS, OVERHEAD_ACCUM = 14, 4
 CAPTURABLE_TRAIN = (
     "--set", "optimizer_kwargs={capturable: true}", "--set", "clip_schedule=constant",
 )  # fmt: skip
@@ -260,34 +269,65 @@ def check_profile(out: Path, timeout: float) -> dict[str, Any]:
 def check_training(out: Path, timeout: float) -> dict[str, Any]:
     """The 124M runs of :data:`TRAIN_RUNS` (torch AdamW, Spectra-AdamW; eager, compiled, and
     compiled with the capturable step) on random tokens."""
-    started, runs = time.monotonic(), []
+    runs, error = train_runs(TRAIN_RUNS, TRAIN_STEPS, 1, timeout)
+    if error:
+        return {**error, "runs": runs}
+    report = {"preset": "124m", "steps": TRAIN_STEPS, "batch_size": TRAIN_BATCH,
+              "median_after_step": TRAIN_SKIP, "autocast": "bf16", "runs": runs}  # fmt: skip
+    write_json_atomic(out / "train.json", report)
+    return {"status": "passed", "file": "train.json", "runs": runs}
+
+
+def check_overhead(out: Path, timeout: float) -> dict[str, Any]:
+    """The paper's timing table's measure on one GPU: the 124M model compiled at the paper's
+    tokens per step and per GPU (256 sequences of 512 over 4 GPUs: 16 sequences, 4
+    accumulation steps), Spectra-AdamW's step time over torch AdamW's, minus one."""
+    runs, error = train_runs(OVERHEAD_RUNS, OVERHEAD_STEPS, OVERHEAD_ACCUM, timeout)
+    if error:
+        return {**error, "runs": runs}
+    base = next(r["step_ms"] for r in runs if r["optimizer"] == "torch-adamw")
+    for r in runs:
+        r["overhead"] = round(r["step_ms"] / base - 1.0, 4)
+    report = {"preset": "124m", "steps": OVERHEAD_STEPS, "batch_size": TRAIN_BATCH,
+              "grad_accum": OVERHEAD_ACCUM, "median_after_step": TRAIN_SKIP // 2,
+              "autocast": "bf16", "compile": True, "runs": runs}  # fmt: skip
+    write_json_atomic(out / "overhead.json", report)
+    return {"status": "passed", "file": "overhead.json", "runs": runs}
+
+
+def train_runs(
+    runs: tuple[tuple[bool, str, bool], ...], steps: int, accum: int, timeout: float
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Train the 124M model once per ``(compiled, optimizer, capturable)`` of ``runs`` on random
+    tokens; each run's throughput, step time and optimizer share, with its tokens/s over torch
+    AdamW's at the same compilation; the failure of the first run that failed, else None."""
+    started, done = time.monotonic(), []
+    skip = TRAIN_SKIP if accum == 1 else TRAIN_SKIP // 2
     with tempfile.TemporaryDirectory() as tmp:
         data = write_random_tokens(Path(tmp) / "tokens", TRAIN_VOCAB, TRAIN_TOKENS)
-        for compiled, optimizer, capturable in TRAIN_RUNS:
+        for compiled, optimizer, capturable in runs:
             left = timeout - (time.monotonic() - started)
             name = f"{optimizer}-{int(compiled)}{int(capturable)}"  # compiled, capturable
             cmd = spectra_command(
-                "train", "--preset", "124m", "--steps", str(TRAIN_STEPS),
-                "--batch-size", str(TRAIN_BATCH), "--optimizer", optimizer,
+                "train", "--preset", "124m", "--steps", str(steps),
+                "--batch-size", str(TRAIN_BATCH), "--grad-accum", str(accum),
+                "--optimizer", optimizer,
                 "--dataset", str(data), "--device", "cuda", "--out", str(Path(tmp) / name),
                 "--no-progress", "--warmup-steps", "2", "--set", "autocast=bf16",
                 "--set", "log_interval=1", "--set", "eval_batches=1",
-                "--set", f"eval_interval={TRAIN_STEPS}", "--set", "checkpoint_interval=0",
+                "--set", f"eval_interval={steps}", "--set", "checkpoint_interval=0",
                 "--set", "keep_checkpoints=0", "--set", "plot=false",
                 *(["--compile"] if compiled else []), *(CAPTURABLE_TRAIN if capturable else ()),
             )  # fmt: skip
             status, output = run_process(cmd, max(left, 1.0))
             if status != 0:
-                return {**failed(status, output), "runs": runs}
-            runs.append({"optimizer": optimizer, "compile": compiled,
-                         "capturable": capturable, **_throughput(Path(tmp) / name)})  # fmt: skip
-    base = {r["compile"]: r["tokens_per_s"] for r in runs if r["optimizer"] == "torch-adamw"}
-    for r in runs:
+                return done, failed(status, output)
+            done.append({"optimizer": optimizer, "compile": compiled, "capturable": capturable,
+                         **_throughput(Path(tmp) / name, skip)})  # fmt: skip
+    base = {r["compile"]: r["tokens_per_s"] for r in done if r["optimizer"] == "torch-adamw"}
+    for r in done:
         r["tokens_per_s_vs_torch_adamw"] = round(r["tokens_per_s"] / base[r["compile"]], 3)
-    report = {"preset": "124m", "steps": TRAIN_STEPS, "batch_size": TRAIN_BATCH,
-              "median_after_step": TRAIN_SKIP, "autocast": "bf16", "runs": runs}  # fmt: skip
-    write_json_atomic(out / "train.json", report)
-    return {"status": "passed", "file": "train.json", "runs": runs}
+    return done, None
 
 
 def write_random_tokens(folder: Path, vocab: int, tokens: int) -> Path:
@@ -306,22 +346,25 @@ def write_random_tokens(folder: Path, vocab: int, tokens: int) -> Path:
     return folder
 
 
-def _throughput(run_dir: Path) -> dict[str, Any]:
-    """Medians of tokens/s and MFU after the first steps, and the peak memory, of a run."""
+def _throughput(run_dir: Path, skip: int) -> dict[str, Any]:
+    """Medians of tokens/s, MFU, step time and the optimizer's share of it after the first
+    ``skip`` steps, and the peak memory, of a run."""
     from spectra_lab.runs.records import read_jsonl
 
     steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
-    kept = [r for r in steps if r["step"] > TRAIN_SKIP] or steps
+    kept = [r for r in steps if r["step"] > skip] or steps
 
     def median(key: str) -> float | None:
         values = [r[key] for r in kept if r.get(key) is not None]
         return statistics.median(values) if values else None
 
-    mfu = median("mfu")
+    mfu, step_s, opt_s = median("mfu"), median("t_step"), median("t_optimizer")
     peaks = [r["peak_mem_gb"] for r in steps if r.get("peak_mem_gb") is not None]
     return {
         "tokens_per_s": round(median("tokens_per_s") or 0.0),
         "mfu": None if mfu is None else round(mfu, 4),
+        "step_ms": None if step_s is None else round(1e3 * step_s, 2),
+        "optimizer_share": None if not (opt_s and step_s) else round(opt_s / step_s, 4),
         "peak_mem_gb": max(peaks) if peaks else None,
         "final_loss": steps[-1]["loss"] if steps else None,
     }
@@ -340,6 +383,7 @@ PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
     ),
     "tests": (check_tests, 200.0),
     "train": (check_training, 200.0),
+    "overhead": (check_overhead, 120.0),
     "bench_ops": (lambda out, t: check_bench_ops(out, t, tf32=False), 60.0),
     "bench_optim_tf32": (lambda out, t: check_bench_optim(out, t, tf32=True), 90.0),
     "bench_ops_tf32": (lambda out, t: check_bench_ops(out, t, tf32=True), 60.0),
@@ -492,6 +536,23 @@ def markdown_summary(folder: str | Path) -> str:
                 f"{r['tokens_per_s']:,} | {r['tokens_per_s_vs_torch_adamw']:.2f} | "
                 f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |"
             )
+        lines.append("")
+    if (folder / "overhead.json").exists():
+        over = json.loads((folder / "overhead.json").read_text())
+        lines += [
+            f"124M compiled at the paper's tokens per GPU step ({over['batch_size']}×512 "
+            f"tokens × {over['grad_accum']} accumulation steps), bf16 autocast, median of steps "
+            f"{over['median_after_step'] + 1}–{over['steps']}:",
+            "",
+            "| optimizer | step ms | optimizer share | overhead over torch AdamW |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in over["runs"]:
+            name = f"`{r['optimizer']}`" + (", capturable" if r.get("capturable") else "")
+            share = r.get("optimizer_share")
+            lines.append(f"| {name} | {r['step_ms']:.1f} | "
+                         f"{'–' if share is None else f'{100 * share:.1f}%'} | "
+                         f"{100 * r['overhead']:+.1f}% |")  # fmt: skip
         lines.append("")
     for size, heading in (("", "124M shapes (`bench optim`, float32 parameters, median of 10)"),
                           ("780m", "780M shapes (float32 parameters, median of 4)")):  # fmt: skip
