@@ -43,7 +43,7 @@ def test_the_parts_that_time_the_step_beside_its_peers_run_first():
         assert m in methods
 
 
-def _fake_run(monkeypatch, tmp_path, seconds, budget, archive=None):
+def _fake_run(monkeypatch, tmp_path, seconds, budget, archive=None, only=None, about=ABOUT):
     """Run the check with every part taking ``seconds[name]`` on a fake clock (capped at the
     timeout it was given) and writing its file; returns the timeouts and the index."""
     now = [0.0]
@@ -61,10 +61,10 @@ def _fake_run(monkeypatch, tmp_path, seconds, budget, archive=None):
     parts = {n: (part(n), limit) for n, (_, limit) in gpu_check.PARTS.items()}
     monkeypatch.setattr(gpu_check.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu_check, "about_machine", lambda: ABOUT)
+    monkeypatch.setattr(gpu_check, "about_machine", lambda: about)
     monkeypatch.setattr(gpu_check, "PARTS", parts)
     monkeypatch.setattr(gpu_check, "markdown_summary", lambda out: "the tables")
-    ns = argparse.Namespace(budget=budget, out=str(tmp_path / "gpu"), archive=archive)
+    ns = argparse.Namespace(budget=budget, out=str(tmp_path / "gpu"), archive=archive, parts=only)
     assert gpu_check.run(ns) == 0
     index = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
     return given, index, now[0]
@@ -191,3 +191,28 @@ def test_every_bench_optim_part_passes_arguments_bench_optim_takes():
     assert (big.layers, big.dim, big.hidden, big.no_memory) == (32, 1280, 3584, True)
     assert 0.75e9 < sum(torch.Size(s).numel() for s in shapes) < 0.8e9  # 779M
     assert parser.parse_args(list(gpu_check.PROFILE_ARGS)).methods == ["spectra-adamw"]
+
+
+def test_a_targeted_rerun_runs_its_parts_and_keeps_the_rest_with_their_date(monkeypatch, tmp_path):
+    quick = dict.fromkeys(gpu_check.PARTS, 1.0)
+    _fake_run(monkeypatch, tmp_path, quick, 1000.0)
+    later = {**ABOUT, "date": "e", "commit": "abc"}
+    given, index, _ = _fake_run(
+        monkeypatch, tmp_path, quick, 1000.0, only=["overhead", "tests"], about=later
+    )
+    assert list(given) == ["tests", "overhead"]  # in the parts' own order
+    for name in gpu_check.PARTS:
+        part = index["parts"][name]
+        if name in ("tests", "overhead"):
+            assert "measured" not in part and part["status"] == "passed"
+        else:  # kept from the first run, which measured it
+            assert part["measured"] == "d" and part["commit"] is None
+    # the rerun's own folder holds only what it measured
+    kept = tmp_path / "gpu" / gpu_runs.gpu_slug(ABOUT["gpu"]) / "e"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(
+        ["gpu_check.json", "summary.md", "tests.json", "overhead.json"]
+    )
+    # on another GPU nothing is kept
+    other = {**later, "gpu": "h"}
+    _, index, _ = _fake_run(monkeypatch, tmp_path, quick, 1000.0, only=["tests"], about=other)
+    assert list(index["parts"]) == ["tests"]

@@ -6,6 +6,7 @@ run's ``run.json`` carry it, so that a figure names its machine.
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -54,7 +55,11 @@ def cpu_model() -> str:
 
 
 def source_commit() -> str | None:
-    """The short commit of the checkout the code runs from (``None`` outside a git checkout)."""
+    """The short commit of the checkout the code runs from (``None`` outside a git checkout),
+    or ``SPECTRA_SOURCE_COMMIT`` where set: a copy of a working tree whose ``.git`` is older
+    than its files (a remote machine's copy) names the files' commit that way."""
+    if os.environ.get("SPECTRA_SOURCE_COMMIT"):
+        return os.environ["SPECTRA_SOURCE_COMMIT"]
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                          capture_output=True, check=False).stdout.strip()  # fmt: skip
     return out or None

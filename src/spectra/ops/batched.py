@@ -72,7 +72,7 @@ def _cap(products: bool, max_elements: int | None, total: int) -> int:
 
 def _products(op: Callable, mats: Sequence[Tensor]) -> bool:
     matmul_only = getattr(op, "matmul_only", None)
-    return bool(mats) and matmul_only is not None and matmul_only(mats[0])
+    return len(mats) > 0 and matmul_only is not None and matmul_only(mats[0])
 
 
 def batch_indices(

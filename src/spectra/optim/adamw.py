@@ -51,7 +51,7 @@ def adam_direction(
     """
     adam_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
     # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars.
-    on_device = bool(steps) and torch.is_tensor(steps[0])
+    on_device = len(steps) > 0 and torch.is_tensor(steps[0])
     sqrt = torch.sqrt if on_device else math.sqrt
     bc2_sqrt = [sqrt(1.0 - beta2**t) for t in steps]
     factors = [b / (1.0 - beta1**t) for b, t in zip(bc2_sqrt, steps, strict=True)]

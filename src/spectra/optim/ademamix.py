@@ -104,7 +104,7 @@ class AdEMAMix(SpectraOptimizer):
         fast = [s["exp_avg_fast"] for s in states]
         slow = [s["exp_avg_slow"] for s in states]
         sq = [s["exp_avg_sq"] for s in states]
-        on_device = bool(steps) and torch.is_tensor(steps[0])  # capturable: counts there
+        on_device = len(steps) > 0 and torch.is_tensor(steps[0])  # capturable: counts there
         torch._foreach_lerp_(fast, grads, 1.0 - beta1)
         if on_device:
             for m, g, b in zip(slow, grads, beta3s, strict=True):

@@ -197,6 +197,9 @@ class SpectraOptimizer(Optimizer):
         self.num_skipped_steps = 0
         self._replication_checked = False
         super().__init__(params, defaults)
+        if capturable:  # a 0-d count on the parameters' device, which a traced step adds to
+            first = self.param_groups[0]["params"][0]
+            self.num_skipped_steps = torch.zeros((), dtype=torch.int64, device=first.device)
 
     # -- what a subclass provides -------------------------------------------------------
 
@@ -317,8 +320,11 @@ class SpectraOptimizer(Optimizer):
         )
         skipped = self.num_skipped_steps
         if not torch.is_tensor(skipped) or skipped.device != moved.device:
+            # (a count restored as an int): a traced step only adds in place, since torch
+            # 2.11's torch.compile cannot set an attribute of the optimizer
             skipped = torch.full((), int(skipped), dtype=torch.int64, device=moved.device)
-        self.num_skipped_steps = skipped.add_((~moved).to(torch.int64))
+            self.num_skipped_steps = skipped
+        skipped.add_((~moved).to(torch.int64))
 
     def _stopped(self, params: list[Tensor], gradient: bool, applied: bool) -> None:
         """Word a step that the chain stopped: ``gradient``, whether a gradient (rather than a
@@ -402,13 +408,15 @@ class SpectraOptimizer(Optimizer):
 
     def _directions(self, work: Work, idx: list[int], grads: list[Tensor]) -> list[Tensor]:
         """The chain's direction link: ``_direction`` for each group's share of ``idx``."""
-        where = [(group, p) for group, params in work for p in params]
+        # groups by position: a traced step (torch.compile) compares ints, not dicts
+        where = [(g, p) for g, (_, params) in enumerate(work) for p in params]
         out: list[Tensor] = []
         start = 0
         while start < len(idx):
-            group = where[idx[start]][0]
+            g = where[idx[start]][0]
+            group = work[g][0]
             end = start
-            while end < len(idx) and where[idx[end]][0] is group:
+            while end < len(idx) and where[idx[end]][0] == g:
                 end += 1
             params = [where[i][1] for i in idx[start:end]]
             # The math acts on local shards (the state stays DTensor for checkpoints) and sees

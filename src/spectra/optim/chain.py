@@ -30,10 +30,9 @@ Same-shaped matrices go through each spectral operator together
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -150,7 +149,7 @@ def _adaptive_pre_clip(grads: list[Tensor], plans: list[ParamPlan]) -> None:
         mats = pl.matrices(g)
         cs = pl.pre_cs if pl.pre_cs is not None else (pl.pre.c,) * len(mats)
         for i, (X, c) in enumerate(zip(mats, cs, strict=True)):
-            op = pl.pre if pl.pre_cs is None else dataclasses.replace(pl.pre, c=c)
+            op = pl.pre if pl.pre_cs is None else pl.pre._replace(c=c)
             key = (op, tuple(X.shape), X.dtype, X.device)
             batches.setdefault(key, []).append((j, i, X))
     norms: list[Tensor] = []
@@ -246,20 +245,23 @@ def add_update_(
     if keep is not None:
         for u in updates:
             u.masked_fill_(~keep, 0.0)
-    # by coefficient; a tensor lr (capturable) by identity with α, never compared by value
-    by: dict[Any, tuple[float | Tensor, float, list[Tensor], list[Tensor]]] = {}
+    # by coefficient αη; a tensor lr (capturable) by identity with α, never compared by value
+    by: list[tuple[float | Tensor, float, list[Tensor], list[Tensor]]] = []
     for p, u, pl in zip(params, updates, plans, strict=True):
         for X, U, scale in _scaled_pairs(p, u, pl):
             if torch.is_tensor(pl.lr):
-                key: Any = (id(pl.lr), scale)
+                same = (e for e in by if e[1] == scale and _same_lr(e[0], pl.lr))
             elif scale * pl.lr != 0.0:
-                key = -scale * pl.lr
+                same = (e for e in by if not torch.is_tensor(e[0]) and e[0] * e[1] == scale * pl.lr)
             else:
                 continue
-            entry = by.setdefault(key, (pl.lr, scale, [], []))
+            entry = next(same, None)
+            if entry is None:
+                entry = (pl.lr, scale, [], [])
+                by.append(entry)
             entry[2].append(X)
             entry[3].append(U)
-    for lr, scale, ps, us in by.values():
+    for lr, scale, ps, us in by:
         if torch.is_tensor(lr):
             torch._foreach_mul_(us, -scale * lr)
             torch._foreach_add_(ps, us)
@@ -283,12 +285,25 @@ def _by_scalars(
     """``(lr, second(plan), positions)`` for each distinct pair (a tensor lr by identity,
     never compared by value), those with a zero second scalar left out: each takes one foreach
     call."""
-    groups: dict[tuple[Any, float], tuple[float | Tensor, list[int]]] = {}
+    groups: list[tuple[float | Tensor, float, list[int]]] = []
     for i, pl in enumerate(plans):
-        if second(pl) != 0.0:
-            key = (id(pl.lr) if torch.is_tensor(pl.lr) else pl.lr, second(pl))
-            groups.setdefault(key, (pl.lr, []))[1].append(i)
-    return [(lr, key[1], idx) for key, (lr, idx) in groups.items()]
+        b = second(pl)
+        if b != 0.0:
+            found = next((g for g in groups if g[1] == b and _same_lr(g[0], pl.lr)), None)
+            if found is None:
+                groups.append((pl.lr, b, [i]))
+            else:
+                found[2].append(i)
+    return groups
+
+
+def _same_lr(a: float | Tensor, b: float | Tensor) -> bool:
+    """Whether two plans' lrs are one: the same tensor (never compared by value), or equal
+    floats. By ``is``, not ``id()``: torch.compile cannot take the id of a tensor made in the
+    step (a per-parameter scale of a tensor lr)."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return a is b
+    return a == b
 
 
 def finite_flag(tensors: Sequence[Tensor]) -> Tensor | None:

@@ -190,7 +190,7 @@ def route_of(p: Tensor, shape: tuple[int, int]) -> Route:
             (reduce_dims if axis == long_axis else gather_dims).append(d)
     whole = _whole_volume(p, m * n)
     gram = _gram_volume(p, m * n, tuple(reduce_dims), tuple(gather_dims), [min(m, n)], 1)
-    use = GRAM_ROUTE and bool(reduce_dims) and gram < whole
+    use = GRAM_ROUTE and len(reduce_dims) > 0 and gram < whole
     return Route(use, transposed, tuple(reduce_dims), tuple(gather_dims), gram if use else whole)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -31,8 +31,7 @@ POST_KINDS: tuple[str, ...] = OPERATORS
 READ_ONCE_ON_CPU = False
 
 
-@dataclass(frozen=True)
-class SpectralOp:
+class SpectralOp(NamedTuple):
     """A spectral operator with its settings, applied to a batch of matrices ``(B, m, n)``.
 
     ``kind`` names the function of :mod:`spectra.ops` (``soft_clip``, ``hard_clip`` or
@@ -40,6 +39,9 @@ class SpectralOp:
     ``ns_dtype``, when given, go to the iterative methods of ``soft_clip`` and
     ``orthogonalize`` (e.g. the paper's N_s and precision for ``method="paper"``).
     ``capturable``: the operator reads nothing back to the host (see :func:`spectra.ops.soft_clip`).
+
+    A named tuple, not a frozen dataclass: torch 2.11's ``torch.compile`` cannot call a frozen
+    dataclass built inside the traced step (an ``AttributeError`` on its first field).
     """
 
     kind: PostKind

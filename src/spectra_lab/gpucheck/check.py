@@ -137,6 +137,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"seconds for all parts together ({DEFAULT_BUDGET:.0f})",
     )
     parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=list(PARTS),
+        default=None,
+        metavar="PART",
+        help="run only these parts (in their usual order), a targeted rerun: the index under "
+        "--out keeps the other parts of the same GPU's last run, each with its date "
+        f"(parts: {', '.join(PARTS)})",
+    )
+    parser.add_argument(
         "--archive",
         default=None,
         metavar="PATH",
@@ -407,6 +417,24 @@ def about_machine() -> dict[str, Any]:
     }
 
 
+def earlier_parts(index_path: Path, gpu: str, chosen: list[str]) -> dict[str, Any]:
+    """The parts a targeted rerun (``--parts``) keeps from the last run's index at
+    ``index_path``: those not ``chosen``, each with the date and commit of the run that
+    measured it; none where that run was on another GPU."""
+    if not index_path.exists():
+        return {}
+    last = json.loads(index_path.read_text())
+    if last.get("gpu") != gpu:
+        return {}
+    return {
+        name: {"measured": last["date"], "commit": last["commit"], **part}
+        if "measured" not in part
+        else part
+        for name, part in last["parts"].items()
+        if name not in chosen
+    }
+
+
 def check_archive(path: str | None) -> None:
     """ValueError naming ``--archive PATH`` unless it ends in ``.tar.gz`` in an existing folder."""
     if path is None:
@@ -446,8 +474,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {**about_machine(), "budget_s": args.budget, "parts": {}}
+    chosen = list(PARTS) if getattr(args, "parts", None) is None else args.parts
+    if len(chosen) < len(PARTS):
+        index["parts"] = earlier_parts(out / "gpu_check.json", index["gpu"], chosen)
     deadline = time.monotonic() + args.budget
     for name, (part, limit) in PARTS.items():
+        if name not in chosen:
+            continue
         left = deadline - time.monotonic()
         if left < 0.8 * limit:
             index["parts"][name] = {"status": "not run", "reason": f"{left:.0f} s of budget left"}
@@ -520,7 +553,8 @@ def markdown_summary(folder: str | Path) -> str:
     t = parts.get("tests", {})
     if "passed" in t:
         lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed", ""]
-    if (folder / "train.json").exists():
+    ran = {p.get("file") for p in parts.values() if p.get("status") == "passed"}
+    if "train.json" in ran:  # files of this run only: an older run's may lie beside them
         train = json.loads((folder / "train.json").read_text())
         lines += [
             f"124M, {train['batch_size']}×512 tokens per step, bf16 autocast, median of steps "
@@ -537,7 +571,7 @@ def markdown_summary(folder: str | Path) -> str:
                 f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |"
             )
         lines.append("")
-    if (folder / "overhead.json").exists():
+    if "overhead.json" in ran:
         over = json.loads((folder / "overhead.json").read_text())
         lines += [
             f"124M compiled at the paper's tokens per GPU step ({over['batch_size']}×512 "

@@ -17,7 +17,8 @@ from spectra_lab.files import write_json_atomic
 def run_names(out: Path, index: dict[str, Any]) -> list[str]:
     """The files of one run under ``out``: the index, ``summary.md`` and every part's file."""
     names = ["gpu_check.json", "summary.md"]
-    names += [p["file"] for p in index["parts"].values() if p.get("file")]
+    # (not the files of the parts a targeted rerun kept from an earlier run: that run has them)
+    names += [p["file"] for p in index["parts"].values() if p.get("file") and "measured" not in p]
     return [n for n in dict.fromkeys(names) if (out / n).is_file()]
 
 
