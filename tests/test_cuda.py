@@ -7,8 +7,9 @@ Marked ``cuda``: the default run deselects them (``-m 'not cuda'`` in pyproject.
   (dtype-rounded) input.
 * Optimizers: every entry of the conformance suite, three steps in float32 and in bf16 from the
   same gradients, against the float64 run on the CPU: the CUDA run must be as close to it as the
-  CPU run in the same dtype is (the CUDA default route is the matmul-only ``polar``, the CPU's
-  the exact ``eigh``; both are within 1e-3 per singular direction).
+  CPU run in the same dtype is, or within 1e-2 of it (the CUDA default route for float32 and
+  bf16 is the matmul-only ``mixed``, within 1e-2 of the float64 SVD; the CPU's is ``mixed``
+  or the exact ``eigh``, as its bf16 units say).
 * bf16 autocast in the trainer, ``torch.compile`` of ``optimizer.step``, and NCCL with world
   size 1 through the FSDP2 path and the trainer.
 """
@@ -22,7 +23,14 @@ import torch
 import torch.distributed as dist
 
 import spectra.optim as so
-from spectra.ops import coordinate_clip, global_clip, hard_clip, orthogonalize, soft_clip
+from spectra.ops import (
+    coordinate_clip,
+    global_clip,
+    hard_clip,
+    orthogonalize,
+    soft_clip,
+    soft_clip_method,
+)
 from spectra_lab.runs.records import read_jsonl
 from spectra_lab.train import train
 from test_conformance import ENTRIES, feed, params
@@ -68,7 +76,7 @@ HARD = lambda s: s.clamp(max=C)  # noqa: E731
 ORTH = lambda s: (s > s.amax(-1, keepdim=True) * 1e-12).double()  # noqa: E731
 #: name -> (operator on the device, its float64 reference, bound on the error in float32)
 OPERATORS = {
-    "soft_clip/auto": (lambda X: soft_clip(X, C), SOFT, 2e-3),
+    "soft_clip/auto": (lambda X: soft_clip(X, C), SOFT, 1e-2),  # "mixed" on CUDA
     "soft_clip/polar": (lambda X: soft_clip(X, C, method="polar"), SOFT, 2e-3),
     "soft_clip/polar-bf16": (
         lambda X: soft_clip(X, C, method="polar", ns_dtype=torch.bfloat16),
@@ -152,7 +160,7 @@ def distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 @pytest.mark.parametrize(
     ("dtype", "lr", "floor"),
-    [(torch.float32, 1e-3, 2e-3), (torch.bfloat16, 1e-1, 2e-2)],
+    [(torch.float32, 1e-3, 1e-2), (torch.bfloat16, 1e-1, 2e-2)],
     ids=["fp32", "bf16"],
 )
 @pytest.mark.parametrize("entry", ENTRIES, ids=repr)
@@ -178,9 +186,11 @@ def test_compiled_optimizer_step_on_cuda_matches_eager(method, gpu):
                 p.grad = 3 * torch.randn(p.shape, generator=g, device=gpu)
             step()
         runs.append([p.detach() for p in ps])
-    # inductor fuses "mixed"'s bf16 steps, which then round in another order than eager's
+    # inductor fuses "mixed"'s bf16 steps ("auto" picks it on CUDA), which then round in
+    # another order than eager's
+    mixed = soft_clip_method(method, torch.device(gpu), torch.float32) == "mixed"
     for a, b in zip(*runs, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=2e-4 if method == "mixed" else 1e-5)
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-4 if mixed else 1e-5)
 
 
 def cuda_grads(ps, k, gpu):
@@ -332,10 +342,10 @@ def test_nccl_world_size_one_gram_route_equals_the_operator(gpu):
             for op, phi in ops:
                 u = p.to_local().clone()
                 spectra_dist.apply_gram([(op, u, p, shape, route)])
-                # against the float64 SVD: the single-process default on CUDA is "polar",
-                # whose tolerance (~1e-7) is coarser than the Gram route's float64 eigh
+                # against the float64 SVD: float64 takes the exact weights from the float64
+                # eigh of G; a float32 soft clip takes "mixed" (CUDA's default), within 1e-2
                 want = svd_map(full, phi).to(dtype)
-                tol = 1e-10 if dtype == torch.float64 else 1e-4
+                tol = 1e-10 if dtype == torch.float64 else 1e-2 if op.kind == "soft_clip" else 1e-4
                 torch.testing.assert_close(u, want, rtol=tol, atol=tol)
     finally:
         dist.destroy_process_group()

@@ -216,3 +216,39 @@ def test_a_targeted_rerun_runs_its_parts_and_keeps_the_rest_with_their_date(monk
     other = {**later, "gpu": "h"}
     _, index, _ = _fake_run(monkeypatch, tmp_path, quick, 1000.0, only=["tests"], about=other)
     assert list(index["parts"]) == ["tests"]
+
+
+def test_a_copy_directly_under_the_gpu_folder_names_the_run_that_holds_it(tmp_path):
+    # a failed or targeted part leaves an older run's copy at the top: it names that run
+    import json as _json
+
+    from spectra_lab.bench.machines import gpu_run_of, machine_at
+    from spectra_lab.blocks.common import latest_gpu
+
+    gpu = tmp_path / "docs" / "data" / "gpu"
+    runs = []
+    made = (("2026-01-01 00:00 UTC", "aaa", {"train.json": "old"}),
+            ("2026-01-02 00:00 UTC", "bbb", {"tests.json": "new"}))  # fmt: skip
+    for date, commit, files in made:
+        folder = gpu / "h100" / date[:10]
+        folder.mkdir(parents=True)
+        index = {"gpu": "NVIDIA H100", "date": date, "commit": commit, "parts": {}}
+        (folder / "gpu_check.json").write_text(_json.dumps(index))
+        for name, text in files.items():
+            (folder / name).write_text(text)
+            (gpu / name).write_text(text)
+        (gpu / "gpu_check.json").write_text(_json.dumps(index))
+        names = ["gpu_check.json", *files]
+        runs.append({"gpu": "NVIDIA H100", "date": date, "commit": commit,
+                     "folder": f"h100/{date[:10]}", "files": names})  # fmt: skip
+    (gpu / "runs.json").write_text(_json.dumps({"runs": runs}))
+    (gpu / "own.json").write_text(_json.dumps({"device": "NVIDIA H200", "torch": "t"}))
+    assert gpu_run_of(tmp_path, "docs/data/gpu/train.json") == gpu / "h100" / "2026-01-01"
+    assert "commit aaa" in machine_at(tmp_path, "docs/data/gpu/train.json")
+    assert "commit bbb" in machine_at(tmp_path, "docs/data/gpu/tests.json")
+    assert "commit bbb" in machine_at(tmp_path, "docs/data/gpu/gpu_check.json")
+    assert gpu_run_of(tmp_path, "docs/data/gpu/own.json") is None
+    assert machine_at(tmp_path, "docs/data/gpu/own.json").startswith("NVIDIA H200, torch t")
+    # the latest run that holds a file, not the latest run
+    assert latest_gpu(tmp_path, "H100") == gpu / "h100" / "2026-01-02"
+    assert latest_gpu(tmp_path, "H100", "train.json") == gpu / "h100" / "2026-01-01"

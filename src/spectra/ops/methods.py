@@ -38,10 +38,12 @@ def default_method(
 ) -> str:
     """The method ``"auto"`` picks for ``kind`` on ``dtype`` input on ``device``.
 
-    ``soft_clip``: on CUDA ``"polar"``; on a CPU with bf16 units (AMX, AVX-512 BF16)
-    ``"mixed"`` for float32 and bf16 input, the fastest there at the bf16 floor of error
-    (4-8e-3); elsewhere ``"eigh"`` (exact, cheaper than any float32 iteration on a CPU).
-    float64 input keeps an exact method (docs/operators.md). ``hard_clip``: ``"eigh"``
+    ``soft_clip``: for float32 and bf16 input ``"mixed"`` on CUDA and on a CPU with bf16
+    units (AMX, AVX-512 BF16), the fastest there at the bf16 floor of error (4-8e-3; on CUDA
+    its optimizer step is faster and leaner than ``"polar"``'s in the stored H100 and H200
+    runs, docs/gpu.md); float64 input on CUDA takes ``"polar"``; elsewhere ``"eigh"`` (exact,
+    cheaper than any float32 iteration on a CPU). float64 input keeps an accurate method
+    (docs/operators.md). ``hard_clip``: ``"eigh"``
     (min(σ, c) has a kink at c, which polynomial iterations resolve only slowly).
     ``orthogonalize``: ``"svd"``.
 
@@ -50,10 +52,10 @@ def default_method(
     method.
     """
     if kind == "soft_clip":
+        if dtype != torch.float64 and (device.type == "cuda" or has_bf16_units(device)):
+            return "mixed"
         if device.type == "cuda":
             return "polar"
-        if dtype != torch.float64 and has_bf16_units(device):
-            return "mixed"
         return "polar" if capturable else "eigh"
     if kind == "orthogonalize":
         return "polar_express" if capturable else "svd"

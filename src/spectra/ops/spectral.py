@@ -82,8 +82,9 @@ def soft_clip(
     Args:
         X: tensor whose last two dimensions are the matrix; 1-D tensors use the vector rule.
         c: threshold, finite and > 0.
-        method: ``"auto"`` (default: ``"polar"`` on CUDA; on a CPU, ``"mixed"`` for float32
-            and bf16 input where the CPU has bf16 units, ``"eigh"`` otherwise),
+        method: ``"auto"`` (default: ``"mixed"`` for float32 and bf16 input on CUDA and on
+            a CPU with bf16 units; ``"polar"`` for float64 input on CUDA; ``"eigh"``
+            otherwise),
             ``"eigh"`` (exact: float64 eigh of the smaller Gram matrix), ``"svd"`` (exact:
             float64 SVD), ``"polar"`` (matmul-only: coupled minimax-polynomial iteration for
             the inverse square root, see :func:`soft_clip_polar`), ``"mixed"`` (the same

@@ -27,7 +27,8 @@ def machine_of(report: dict[str, Any]) -> str:
     if "not a measurement" in str(report.get("what", "")):
         return "none: a model, not a measurement"
     about = report.get("machine", report)  # some experiments nest it
-    gpu = about.get("gpu")
+    gpu = about.get("gpu") or (about.get("device") if str(about.get("device")).startswith("NVIDIA")
+                               else None)  # fmt: skip
     if isinstance(gpu, str) and gpu:
         return gpu if gpu.startswith("NVIDIA") else f"none: a plan for {gpu.upper()} GPUs"
     if about.get("device") == "cuda":
@@ -42,12 +43,15 @@ def machine_of(report: dict[str, Any]) -> str:
 def machine_at(root: str | Path, path: str) -> str:
     """The machine a stored file under ``root`` names, in words, with its threads, torch and
     commit where it records them: a GPU run's file names its run's GPU, date and commit
-    (``gpu_check.json`` of its folder, or of ``docs/data/gpu/`` for the latest run's copies)."""
+    (``gpu_check.json`` of its folder; for a copy directly under ``docs/data/gpu/``, of the
+    latest run that holds the same file, since a targeted or failed part leaves an earlier
+    run's copy there; a file of no run, what it records itself)."""
     root, parts = Path(root), path.split("/")
     if parts[:3] == ["docs", "data", "gpu"]:
-        folder = root.joinpath(*parts[:-1])
-        index = json.loads((folder / "gpu_check.json").read_text())
-        return f"{index['gpu']}, {index['date']}, commit {index['commit']}"
+        folder = gpu_run_of(root, path)
+        if folder is not None:
+            index = json.loads((folder / "gpu_check.json").read_text())
+            return f"{index['gpu']}, {index['date']}, commit {index['commit']}"
     if parts[:2] != ["docs", "data"]:
         return runs_machines(root.joinpath(*parts[:-1]))
     report = json.loads((root / path).read_text())
@@ -59,6 +63,26 @@ def machine_at(root: str | Path, path: str) -> str:
         words.append(f"torch {about['torch']}")
     words.append(f"commit {about['commit']}" if about.get("commit") else "commit not recorded")
     return ", ".join(words)
+
+
+def gpu_run_of(root: Path, path: str) -> Path | None:
+    """The folder of the GPU run a file under ``docs/data/gpu/`` belongs to: its own run folder,
+    or for a copy directly there (and for the index, the list and the summary) the latest run
+    that holds the same bytes; ``None`` for a file no run holds (a command of its own)."""
+    file = root / path
+    gpu = root / "docs" / "data" / "gpu"
+    if file.parent != gpu:
+        return file.parent
+    if file.name in ("gpu_check.json", "runs.json", "summary.md"):
+        return gpu
+    listed = gpu / "runs.json"
+    runs = json.loads(listed.read_text())["runs"] if listed.is_file() else []
+    data = file.read_bytes()
+    for run in sorted(runs, key=lambda r: r["date"], reverse=True):
+        copy = gpu / run["folder"] / file.name
+        if copy.is_file() and copy.read_bytes() == data:
+            return copy.parent
+    return None
 
 
 def runs_machines(folder: Path) -> str:

@@ -36,6 +36,7 @@ from spectra_lab.blocks.bench import (
 )
 from spectra_lab.blocks.gpu import (
     gpu_after_ops_modules,
+    gpu_bars,
     gpu_h100,
     gpu_ops,
     gpu_peaks,
@@ -116,6 +117,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:tests": gpu_tests,
     "gpu:train": gpu_train,
     "gpu:h100": gpu_h100,
+    "gpu:bars": gpu_bars,
     "gpu:after-ops-modules": gpu_after_ops_modules,
     "data:bench-ops-native-medians": ops_native_medians,
     "data:bench-dist-volume": dist_volume,

@@ -85,11 +85,13 @@ def ops_cells(root: Path, name: str) -> list:
     return [Cell(**c) for c in json_of(root, f"docs/data/{name}.json")["cells"]]
 
 
-def latest_gpu(root: Path, gpu: str) -> Path:
-    """The folder of the latest stored GPU run of ``gpu`` (``"H100"``, ``"H200"``)."""
-    runs = [r for r in json_of(root, "docs/data/gpu/runs.json")["runs"] if gpu in r["gpu"]]
+def latest_gpu(root: Path, gpu: str, holding: str = "gpu_check.json") -> Path:
+    """The folder of the latest stored GPU run of ``gpu`` (``"H100"``, ``"H200"``) that holds
+    the file ``holding`` (a targeted rerun holds only the parts it ran)."""
+    runs = [r for r in json_of(root, "docs/data/gpu/runs.json")["runs"]
+            if gpu in r["gpu"] and holding in r["files"]]  # fmt: skip
     if not runs:
-        raise FileNotFoundError(f"no stored {gpu} run in docs/data/gpu/runs.json")
+        raise FileNotFoundError(f"no stored {gpu} run with {holding} in docs/data/gpu/runs.json")
     return root / "docs" / "data" / "gpu" / max(runs, key=lambda r: r["date"])["folder"]
 
 

@@ -27,7 +27,7 @@ def gpu_ops(root: Path) -> str:
     gpu-check`` (median over the cells, plain and with TF32) and its worst float32 error."""
     from spectra_lab.gpucheck.check import ops_figures
 
-    h200, h100 = latest_gpu(root, "H200"), latest_gpu(root, "H100")
+    h200, h100 = (latest_gpu(root, g, "bench_ops_tf32.json") for g in ("H200", "H100"))
     a, a32 = (ops_figures(h200 / f"{p}.json")["auto"] for p in ("bench_ops", "bench_ops_tf32"))
     b, b32 = (ops_figures(h100 / f"{p}.json")["auto"] for p in ("bench_ops", "bench_ops_tf32"))
     cells = json.loads((h200 / "bench_ops.json").read_text())["cells"]
@@ -88,7 +88,7 @@ def gpu_train(root: Path) -> str:
 def gpu_h100(root: Path) -> str:
     """The latest stored H100 run: the 124M optimizer step against the paper's bf16 wrapper
     (plain and with TF32), ``mixed``'s, and 124M training against torch AdamW."""
-    folder = latest_gpu(root, "H100")
+    folder = latest_gpu(root, "H100", "train.json")
     parts = json.loads((folder / "gpu_check.json").read_text())["parts"]
     plain, tf32 = (parts[p]["vs_paper_bf16"] for p in ("bench_optim", "bench_optim_tf32"))
     runs = json.loads((folder / "train.json").read_text())["runs"]
@@ -107,3 +107,66 @@ def gpu_after_ops_modules(root: Path) -> str:
 
     stored = json_of(root, "docs/data/gpu/bench_optim_after_ops_modules.json")
     return "\n".join(format_table(stored).splitlines()[3:])
+
+
+def _h100_runs(root: Path) -> list[tuple[str, dict]]:
+    """``(date, parts)`` of every stored H100 run, oldest first (the index's own parts only: a
+    targeted rerun's kept parts belong to the run that measured them)."""
+    listed = json_of(root, "docs/data/gpu/runs.json")["runs"]
+    out = []
+    for run in sorted((r for r in listed if "H100" in r["gpu"]), key=lambda r: r["date"]):
+        index = json.loads((root / "docs/data/gpu" / run["folder"] / "gpu_check.json").read_text())
+        own = {k: v for k, v in index["parts"].items() if "measured" not in v}
+        out.append((index["date"], own))
+    return out
+
+
+def gpu_bars(root: Path) -> str:
+    """The GPU step's figures against the bars it is held to, from the latest H100 runs: the
+    124M step over torch AdamW's, the 780M step over torch Muon's, the 124M step's peak
+    memory, compiled 124M training, and the overhead at the paper's tokens per GPU step. The
+    ``polar`` row is ``spectra-adamw-polar``, or ``spectra-adamw`` in the runs made while it
+    was the CUDA default; training runs that a later failure stopped still count."""
+    runs = _h100_runs(root)
+
+    def last(part: str, key: str) -> tuple[str, dict]:
+        date, parts = next((d, p) for d, p in reversed(runs) if key in p.get(part, {}))
+        return date, parts[part]
+
+    def both(figures: dict) -> tuple[float, float]:
+        return figures.get("spectra-adamw-polar", figures["spectra-adamw"]), figures[
+            "spectra-adamw-mixed"
+        ]
+
+    d124, small = last("bench_optim", "vs_torch_adamw")
+    d780, big = last("bench_optim_780m", "vs_torch_muon")
+    dtrain, train = last("train", "runs")
+    compiled = {r["optimizer"]: r["tokens_per_s"] for r in train["runs"] if r["compile"]
+                and not r.get("capturable")}  # fmt: skip
+    overheads = []
+    for date, parts in runs:
+        over = {(r["optimizer"], r["capturable"]): r["step_ms"]
+                for r in parts.get("overhead", {}).get("runs", [])}  # fmt: skip
+        if ("torch-adamw", False) in over and ("spectra-adamw", False) in over:
+            ratio = over[("spectra-adamw", False)] / over[("torch-adamw", False)] - 1.0
+            overheads.append(f"{100 * ratio:+.1f}% ({date[11:16]})")
+
+    def row(what: str, date: str, values: tuple[float, ...], bar: str, ok) -> list[str]:
+        text = " / ".join(f"{v:.2f}×" for v in values)
+        return [what, date[:16], text, bar, "yes" if all(map(ok, values)) else "no"]
+
+    rows = [
+        row("124M step ÷ torch AdamW (foreach), `polar` / `mixed`", d124,
+            both(small["vs_torch_adamw"]), "≤ 3×", lambda v: v <= 3.0),
+        row("780M step ÷ `torch.optim.Muon`, `polar` / `mixed`", d780,
+            both(big["vs_torch_muon"]), "≤ 1.5× (goal ≤ 1.0×)", lambda v: v <= 1.5),
+        row("124M step's peak memory ÷ torch AdamW's, `polar` / `mixed`", d124,
+            both(small["peak_vs_torch_adamw"]), "≤ 1.10×", lambda v: v <= 1.10),
+        row("compiled 124M training at 16×512 tokens, tokens/s ÷ torch AdamW (`polar`)", dtrain,
+            (compiled["spectra-adamw"] / compiled["torch-adamw"],), "≥ 0.7×",
+            lambda v: v >= 0.7),
+    ]  # fmt: skip
+    rows.append(["overhead at the paper's tokens per GPU step (16×512 × 4 accumulation "
+                 "steps, compiled, `polar`), per run", runs[-1][0][:10], ", ".join(overheads),
+                 "the paper's table below", "–"])  # fmt: skip
+    return table(["measure (NVIDIA H100)", "run (UTC)", "figure", "bar", "met"], rows, "llrll")

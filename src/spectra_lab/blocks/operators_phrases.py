@@ -72,8 +72,10 @@ def main_job_threads(root: Path) -> str:
 
 def gpu_summary(root: Path) -> str:
     """``auto`` and the 124M step on the latest H200 and H100 runs (``gpu_check.json``)."""
-    h200, h100 = (_gpu_parts(latest_gpu(root, g)) for g in ("H200", "H100"))
-    cells = json.loads((latest_gpu(root, "H200") / "bench_ops.json").read_text())["cells"]
+    h200, h100 = (_gpu_parts(latest_gpu(root, g, "bench_ops.json")) for g in ("H200", "H100"))
+    cells = json.loads((latest_gpu(root, "H200", "bench_ops.json") / "bench_ops.json").read_text())[
+        "cells"
+    ]
     n = len(cells) // len({c["method"] for c in cells})
 
     def ops(p: dict) -> float:
@@ -132,6 +134,26 @@ def h100_mixed(root: Path) -> str:
     """The earlier ``mixed`` on the latest H100 run (``gpu_check.json``)."""
     vs = _gpu_parts(latest_gpu(root, "H100"))["bench_optim"]["vs_paper_bf16"]
     return f"{vs['spectra-adamw-mixed']:.2f}×"
+
+
+def cuda_default(root: Path) -> str:
+    """``mixed`` against ``polar`` on the latest H100 run (``gpu_check.json``): step time at
+    124M and 780M and peak memory at 124M. ``polar`` is the row ``spectra-adamw-polar``, or
+    ``spectra-adamw`` in the runs made while it was the CUDA default."""
+    folder = latest_gpu(root, "H100")
+    index = json.loads((folder / "gpu_check.json").read_text())
+    parts = index["parts"]
+
+    def ratio(part: str, key: str) -> float:
+        figures = parts[part][key]
+        polar = figures.get("spectra-adamw-polar", figures["spectra-adamw"])
+        return figures["spectra-adamw-mixed"] / polar
+
+    date = parts["bench_optim"].get("measured", index["date"])
+    step, peak = ratio("bench_optim", "step_ms"), ratio("bench_optim", "peak_vs_torch_adamw")
+    big = ratio("bench_optim_780m", "step_ms")
+    return (f"on the H100 (run of {date}) its 124M step took {step:.2f}× `polar`'s time at "
+            f"{peak:.2f}× its peak memory, and its 780M step {big:.2f}× its time")  # fmt: skip
 
 
 def h200_780m(root: Path) -> str:
@@ -509,6 +531,7 @@ OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
     "data:operators-h200-mixed-short": h200_mixed_short,
     "data:operators-h100-mixed": h100_mixed,
     "data:operators-h200-780m": h200_780m,
+    "data:operators-cuda-default": cuda_default,
     "data:operators-symmetric-gram": symmetric_gram,
     "data:operators-amx-rate": amx_rate,
     "data:operators-amx-gflops": amx_gflops,

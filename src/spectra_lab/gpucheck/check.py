@@ -9,8 +9,8 @@ beside its peers first:
 ============================  ===============================================================
 ``bench_optim.json``          ``spectra bench optim`` at the 124M shapes: torch AdamW
                               (foreach and fused), ``torch.optim.Muon`` with torch AdamW,
-                              D-Muon, Spectra-AdamW (default and ``mixed``) and the paper's
-                              bf16 wrapper, in one process; step time and peak memory
+                              D-Muon, Spectra-AdamW (default, ``polar``, ``mixed``) and the
+                              paper's bf16 wrapper, in one process; step time and peak memory
 ``bench_optim_780m.json``     the same rows but the paper's wrapper at the 780M shapes (32
                               layers, width 1280, SwiGLU 3584), without the memory
 ``profile_124m_step.txt``     ``torch.profiler``'s top 30 CUDA kernels of one default
@@ -105,12 +105,13 @@ OPS_ARGS = (
 PEERS = ("torch-adamw", "torch-adamw-fused", "torch-muon", "spectra-dmuon")
 OPTIM_ARGS = (
     "--repeats", "10", "--warmup", "2", "--methods", *PEERS, "spectra-adamw",
-    "spectra-adamw-mixed", "paper-wrap-bf16",
+    "spectra-adamw-polar", "spectra-adamw-mixed", "paper-wrap-bf16",
 )  # fmt: skip
 #: The 780M shapes and the rows timed there (a few repeats: a step takes 0.1-0.5 s)
 OPTIM_780M_ARGS = (
     "--layers", "32", "--dim", "1280", "--hidden", "3584", "--methods", *PEERS,
-    "spectra-adamw", "spectra-adamw-mixed", "--repeats", "4", "--warmup", "2", "--no-memory",
+    "spectra-adamw", "spectra-adamw-polar", "spectra-adamw-mixed", "--repeats", "4",
+    "--warmup", "2", "--no-memory",
 )  # fmt: skip
 #: The step without host reads (eager, compiled whole, in a CUDA graph) and the bf16-first
 #: products beside the default step at the 124M shapes, with their memory

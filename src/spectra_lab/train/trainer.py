@@ -231,7 +231,7 @@ def build_run(
         "torch": torch.__version__,
         "machine": device_about(rt.device),  # the CPU's model or the GPU's name, the commit
         # what a soft clip by "auto" runs for float32 matrices here (machine-dependent: "mixed"
-        # on CPUs with bf16 units, "eigh" on other CPUs, "polar" on CUDA)
+        # on CUDA and on CPUs with bf16 units, "eigh" on other CPUs)
         "soft_clip_auto": soft_clip_method("auto", rt.device, torch.float32),
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "tokens_per_step": tokens_per_step,
