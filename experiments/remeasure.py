@@ -126,6 +126,7 @@ COMMANDS: dict[str, str] = {
     "baselines_state_memory": "python experiments/baselines_state_memory.py --json "
     "docs/data/baselines_state_memory.json",
     "main_job_step_ratio": STEP_RATIO,
+    "gpu_step_memory_model": "python experiments/gpu_step_memory_model.py",
 }
 
 

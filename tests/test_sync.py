@@ -433,8 +433,9 @@ def test_deferred_batches_read_in_waves_of_bounded_pending_state(monkeypatch):
         assert torch.equal(a, b)
     monkeypatch.setattr(batched, "PENDING_MIN", 1)
     total = sum(m.numel() for m in mats)
-    _, seen = run()  # the default: total / PENDING_FRACTION = 7168 elements a wave
-    assert total // batched.PENDING_FRACTION == 7168 and len(seen) == 4, seen
+    _, seen = run()  # the default: total / PENDING_FRACTION = 1792 elements a wave, below
+    # every batch's pending state: a wave a batch
+    assert total // batched.PENDING_FRACTION == 1792 and len(seen) == 4, seen
 
 
 def test_a_capturable_step_with_expert_stacks_and_fused_blocks_compiles_whole():

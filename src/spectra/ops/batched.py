@@ -17,9 +17,13 @@ BATCH_FRACTION = 32
 #: The same for operators with products only (``op.matmul_only(X)``, the matmul-only soft
 #: clips), whose products run faster on larger batches; on the CPU their batches run one after
 #: another with the intra-op threads. Their temporaries are a few ``m × m`` matrices per matrix
-#: (``m ≤ n``): the main job's optimizer step took 92 ms at 1/32 and 75 ms at 1/8 on a 2-core
-#: CPU with bf16 units (docs/operators.md).
-MATMUL_BATCH_FRACTION = 8
+#: (``m ≤ n``), up to seven times a batch of square matrices, so the fraction sets the GPU
+#: step's peak: at the 124M shapes the CPU's model of it (:mod:`spectra_lab.bench.live_bytes`)
+#: gave 1.17× torch AdamW's peak at 1/8, 1.09× at 1/16 (with the waves below at 1/16) and
+#: 1.05× at 1/32. Smaller batches cost launches on a GPU: 1/16 is the largest within 1.10×.
+#: (The main job's optimizer step took 92 ms at 1/32 and 75 ms at 1/8 on a 2-core CPU with
+#: bf16 units, docs/operators.md; its batches sit at the floor below.)
+MATMUL_BATCH_FRACTION = 16
 #: ...but never below this many elements (4 MiB of float32): each batch also runs about a
 #: hundred small operations on its per-matrix scalars and temporaries, which outweigh what a
 #: smaller batch saves in memory. The main job's optimizer step took 35.5 ms with nine batches
@@ -36,8 +40,10 @@ MIN_BATCH = 2**18
 #: state, about ``2·min(m, n)²`` numbers a matrix for the polar methods (G and G²): up to twice
 #: the matrices themselves, which made the GPU step's peak 1.58× torch AdamW's on an H200. A
 #: call reads in waves whose pending state stays within the elements of all its matrices over
-#: this fraction (one read a wave; the first wave also reads ``finite``)...
-PENDING_FRACTION = 4
+#: this fraction (one read a wave; the first wave also reads ``finite``): at 1/4 the pending
+#: Gram matrices set the peak once the batches were 1/16 (1.11× against 1.09× at 1/16 in the
+#: model above)...
+PENDING_FRACTION = 16
 #: ...but at least this many elements (16 MiB of float32), so that a small model's step still
 #: reads once.
 PENDING_MIN = 2**22
@@ -255,6 +261,7 @@ def _read_wave(wave: list, finite: Tensor | None, grad: bool) -> bool:
             out = op.end(_stack(batch), p, values[:k])
         values = values[k:]
         torch._foreach_copy_(batch, list(out.unbind(0)))
+        del out  # before the next batch's: two outputs of the largest matrices were the peak
     return True
 
 

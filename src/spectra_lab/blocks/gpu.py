@@ -170,3 +170,10 @@ def gpu_bars(root: Path) -> str:
                  "steps, compiled, `polar`), per run", runs[-1][0][:10], ", ".join(overheads),
                  "the paper's table below", "–"])  # fmt: skip
     return table(["measure (NVIDIA H100)", "run (UTC)", "figure", "bar", "met"], rows, "llrll")
+
+
+def gpu_memory_model(root: Path) -> str:
+    """The CPU's model of the GPU step's peak over torch AdamW's at the 124M shapes
+    (``experiments/gpu_step_memory_model.py``)."""
+    rows = json_of(root, "docs/data/gpu_step_memory_model.json")["rows"]
+    return ", ".join(f"`{r['row']}` {r['peak_vs_torch_adamw']:.2f}×" for r in rows)

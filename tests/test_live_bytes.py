@@ -1,0 +1,61 @@
+"""The CPU model of the GPU step's peak memory (``spectra_lab.bench.live_bytes``): the counter
+against closed forms, and the step's peak along the CUDA code path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import spectra.ops.batched as batched
+import spectra.optim as so
+from spectra_lab.bench.live_bytes import LiveBytes, gpu_path_peak, step_peak
+from spectra_lab.bench.optim import llama_shapes
+
+MB = 4 * 10**6  # a float32 1000 × 1000
+
+
+def test_the_counter_follows_storages_from_creation_to_free():
+    with LiveBytes() as mode:
+        a = torch.randn(1000, 1000)
+        b = a * 2  # two alive
+        del a
+        c = b + 1  # two alive again
+        view = c[1:]  # a view: no storage
+        c.mul_(3)  # in place: none
+        torch.add(b, 1, out=c)  # out=: none
+        del b
+        assert mode.live == MB and mode.peak == 2 * MB
+        del c, view
+        assert mode.live == 0
+    # storages made before the mode are not counted
+    x = torch.ones(1000, 1000)
+    with LiveBytes() as mode:
+        x.add_(1)
+        y = x.sum()
+    assert mode.peak == y.untyped_storage().nbytes() == 4
+
+
+def test_torch_adamw_foreach_holds_one_temporary_of_the_parameters():
+    # its foreach step's largest temporary is the list of √v (one float32 per parameter)
+    shapes = [(64, 32), (32,), (48, 48)]
+    peak, held = step_peak(lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True), shapes)
+    params = sum(torch.Size(s).numel() for s in shapes)
+    # parameters, gradients, m and v, and a 0-d float32 step count a parameter
+    assert held == 4 * 4 * params + 4 * len(shapes)
+    assert 4 * params <= peak <= 2 * 4 * params
+
+
+@pytest.mark.parametrize("method", ["mixed"])
+def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(method, monkeypatch):
+    # the matrices of a small Llama: the fractions' floors hold here, so the ratio is above the
+    # 124M shapes' (experiments/gpu_step_memory_model.py), but the old fractions held more
+    shapes = llama_shapes(layers=12, dim=384, hidden=1024, vocab=8192)
+
+    def make(ps):
+        return so.AdamW(ps, lr=1e-3, clip_c=10.0, clip_method=method)
+
+    now = gpu_path_peak(make, shapes)
+    monkeypatch.setattr(batched, "MATMUL_BATCH_FRACTION", 8)
+    monkeypatch.setattr(batched, "PENDING_FRACTION", 4)
+    before = gpu_path_peak(make, shapes)
+    assert now <= 1.12 and before - now >= 0.08, (now, before)
