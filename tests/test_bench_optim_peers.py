@@ -143,3 +143,44 @@ def test_every_bench_report_names_its_machine():
     assert about["gpu"] is None and about["cpu"] and about["cpu_bf16"]
     assert about["threads"] == torch.get_num_threads() and about["torch"] == torch.__version__
     assert about["commit"] is None or len(about["commit"]) >= 7
+
+
+def test_a_row_that_fails_is_named_with_its_error_and_the_others_are_measured(tmp_path):
+    # a CUDA graph cannot be captured on the CPU: that row fails, the rows around it run
+    settings = bench.BenchSettings(SHAPES, repeats=2, warmup=1, measure_memory=False)
+    report = bench.run_benchmark(settings, ("torch-adamw", "spectra-adamw-graph", "spectra-adamw"))
+    rows = {r["method"]: r for r in report["rows"]}
+    graph = rows["spectra-adamw-graph"]
+    assert graph["step_s"] is None and graph["error"]
+    assert rows["spectra-adamw"]["step_s"] > 0
+    assert rows["spectra-adamw"]["time_ratio"] == (
+        rows["spectra-adamw"]["step_s"] / rows["torch-adamw"]["step_s"]
+    )
+    table = bench.format_table(report)
+    assert "`spectra-adamw-graph` failed: " in table and "| `spectra-adamw` |" in table
+
+
+def test_gpu_check_keeps_the_rows_a_part_measured_beside_those_that_failed(tmp_path, monkeypatch):
+    import json
+
+    from spectra_lab.gpucheck import check as gpu_check
+
+    rows = [
+        {"method": "torch-adamw", "step_s": 0.004, "time_ratio": 1.0, "peak_ratio": 1.0},
+        {"method": "spectra-adamw-compiled", "step_s": None, "error": "InductorError: x"},
+        {"method": "spectra-adamw", "step_s": 0.04, "time_ratio": 10.0, "peak_ratio": 1.1},
+    ]
+
+    def fake(cmd, timeout):
+        path = cmd[cmd.index("--json") + 1]
+        (tmp_path / path.rsplit("/", 1)[-1]).write_text(json.dumps({"rows": rows}))
+        return 1, "one row failed"
+
+    monkeypatch.setattr(gpu_check, "run_process", fake)
+    part = gpu_check.check_bench_optim(tmp_path, 10.0, False, "capturable")
+    assert part["status"] == "partial"
+    assert part["failed_rows"] == {"spectra-adamw-compiled": "InductorError: x"}
+    assert part["step_ms"] == {"torch-adamw": 4.0, "spectra-adamw": 40.0}
+    lines = gpu_check.capturable_table(part)
+    assert "| `spectra-adamw` | 40.0 | 10.00 | 1.10 |" in lines
+    assert "`spectra-adamw-compiled` failed: InductorError: x" in lines

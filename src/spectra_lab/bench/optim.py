@@ -395,17 +395,28 @@ def run_benchmark(
     *,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every method on ``settings``; ratios are relative to ``torch-adamw`` when present."""
+    """Run every method on ``settings``; ratios are relative to ``torch-adamw`` when present.
+
+    A method whose step raises is a row with its ``error`` (the exception's first line) and no
+    figures, and the others still run: one row that fails to compile (say) leaves the rest
+    measured."""
     device, shapes, measure_memory = settings.device, settings.shapes, settings.measure_memory
     rows = []
     for m in methods:
-        row = bench_method(m, settings)
+        try:
+            row = bench_method(m, settings)
+        except Exception as exc:  # reported in its row; the others go on
+            first = (str(exc).strip().splitlines() or [""])[0]
+            row = {"method": m, "step_s": None, "error": f"{type(exc).__name__}: {first}"}
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         if progress is not None:
             progress(row)
         rows.append(row)
-    by_name = {r["method"]: r for r in rows}
+    measured = [r for r in rows if r["step_s"] is not None]
+    by_name = {r["method"]: r for r in measured}
     base, muon = by_name.get("torch-adamw"), by_name.get("torch-muon")
-    for r in rows:
+    for r in measured:
         if muon is not None:
             r["vs_muon"] = r["step_s"] / muon["step_s"]
         if base is not None:
@@ -460,6 +471,9 @@ def format_table(report: dict[str, Any]) -> str:
             num(r.get("transient_bytes"), ".0f", 1 << 20),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    for r in report["rows"]:
+        if r.get("error"):
+            lines.append(f"`{r['method']}` failed: {r['error']}")
     lines += report.get("notes", [])
     return "\n".join(lines)
 
@@ -575,7 +589,7 @@ def run(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
     if args.profile:
         atomic_write(args.profile, profile_table(methods[0], settings))
-    return 0
+    return 1 if any(r.get("error") for r in report["rows"]) else 0
 
 
 def profile_table(method: str, settings: BenchSettings, rows: int = 30) -> str:

@@ -125,6 +125,8 @@ CAPTURABLE_ARGS = (
 PROFILE_FILE = "profile_124m_step.txt"
 PROFILE_ARGS = ("--methods", "spectra-adamw", "--repeats", "1", "--warmup", "3", "--no-memory")
 TAIL = 3000  # characters of a failed part's output kept in the index
+#: The statuses of a part whose figures count: all its rows, or some (the rest failed)
+MEASURED = ("passed", "partial")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -252,15 +254,21 @@ def check_bench_optim(out: Path, timeout: float, tf32: bool, size: str = "") -> 
     args = {"780m": OPTIM_780M_ARGS, "capturable": CAPTURABLE_ARGS}.get(size, OPTIM_ARGS)
     cmd = spectra_command("bench", "optim", "--device", "cuda", *args, "--json", str(out / name))
     status, output = run_process(cmd + (["--tf32"] if tf32 else []), timeout)
-    if status != 0:
+    if status != 0 and not (out / name).exists():
         return failed(status, output)
     rows = json.loads((out / name).read_text())["rows"]
+    errors = {r["method"]: r["error"] for r in rows if r.get("error")}
+    rows = [r for r in rows if not r.get("error")]
+    if status != 0 and not (errors and rows):
+        return failed(status, output)
 
     def ratios(key: str) -> dict[str, float]:
         return {r["method"]: round(r[key], 3) for r in rows if r.get(key) is not None}
 
+    # "partial": some rows failed (each with its error), the others were measured
     return {
-        "status": "passed", "file": name,
+        "status": "partial" if errors else "passed", "file": name,
+        **({"failed_rows": errors} if errors else {}),
         "step_ms": {r["method"]: round(1e3 * r["step_s"], 2) for r in rows},
         "vs_paper_bf16": ratios("vs_bf16"), "vs_torch_adamw": ratios("time_ratio"),
         "vs_torch_muon": ratios("vs_muon"), "peak_vs_torch_adamw": ratios("peak_ratio"),
@@ -502,7 +510,7 @@ def run(args: argparse.Namespace) -> int:
     statuses = [p["status"] for p in index["parts"].values()]
     print(f"gpu-check: {statuses.count('passed')} of {len(statuses)} parts passed; "
           f"results in {out}")  # fmt: skip
-    return 1 if "failed" in statuses else 0
+    return 1 if "failed" in statuses or "partial" in statuses else 0
 
 
 # --------------------------------------------------------------------------- the summary
@@ -618,9 +626,9 @@ def optim_table(parts: dict[str, Any], size: str, heading: str) -> list[str]:
     """The markdown lines of one ``bench optim`` pair, if its float32 part passed; the TF32
     columns read "–" where that part did not (a budget that ran out first)."""
     full, tf32 = (parts.get(optim_part(size, t), {}) for t in (False, True))
-    if full.get("status") != "passed":
+    if full.get("status") not in MEASURED:
         return []
-    with_tf32 = tf32.get("status") == "passed"
+    with_tf32 = tf32.get("status") in MEASURED
     if full.get("vs_torch_muon"):  # a run with the peers: their ratios and the peak memory
         return peers_table(full, tf32 if with_tf32 else None, heading)
     lines = [
@@ -636,8 +644,9 @@ def optim_table(parts: dict[str, Any], size: str, heading: str) -> list[str]:
 
 
 def capturable_table(part: dict[str, Any]) -> list[str]:
-    """The markdown lines of the capturable part, if it passed."""
-    if part.get("status") != "passed":
+    """The markdown lines of the capturable part, if it measured anything (a row that failed
+    is named with its error)."""
+    if part.get("status") not in MEASURED:
         return []
     lines = [
         "The step without host reads and the bf16-first products (124M shapes, float32 "
@@ -650,6 +659,7 @@ def capturable_table(part: dict[str, Any]) -> list[str]:
         peak = part["peak_vs_torch_adamw"].get(m)
         lines.append(f"| `{m}` | {ms:.1f} | {part['vs_torch_adamw'][m]:.2f} | "
                      f"{'–' if peak is None else f'{peak:.2f}'} |")  # fmt: skip
+    lines += ["", *(f"`{m}` failed: {e}" for m, e in part.get("failed_rows", {}).items())]
     return [*lines, ""]
 
 
