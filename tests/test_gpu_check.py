@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,3 +253,38 @@ def test_a_copy_directly_under_the_gpu_folder_names_the_run_that_holds_it(tmp_pa
     # the latest run that holds a file, not the latest run
     assert latest_gpu(tmp_path, "H100") == gpu / "h100" / "2026-01-02"
     assert latest_gpu(tmp_path, "H100", "train.json") == gpu / "h100" / "2026-01-01"
+
+
+def test_a_training_run_that_fails_is_a_row_and_the_others_still_run(tmp_path, monkeypatch):
+    # the compiled capturable run fails (as torch 2.11's inductor did on an H100): its row
+    # names the error, the four others are measured and the part is "partial"
+    def fake(cmd, timeout):
+        if "optimizer_kwargs={capturable: true}" in cmd:
+            return 1, "Traceback ...\ntorch._inductor.exc.InductorError: AssertionError: "
+        run = Path(cmd[cmd.index("--out") + 1])
+        run.mkdir(parents=True)
+        rate = 300_000 if "torch-adamw" in cmd else 100_000
+        records = [{"kind": "train", "step": k, "tokens_per_s": rate, "mfu": 0.2, "loss": 5.0,
+                    "t_step": 8192 / rate, "t_optimizer": 0.01, "peak_mem_gb": 7.0}
+                   for k in range(1, 31)]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return 0, ""
+
+    monkeypatch.setattr(gpu_check, "run_process", fake)
+    monkeypatch.setattr(gpu_check, "write_random_tokens", lambda folder, *a: folder)
+    part = gpu_check.check_training(tmp_path, 100.0)
+    assert part["status"] == "partial"
+    failed = [r for r in part["runs"] if "error" in r]
+    assert len(failed) == 1 and failed[0]["capturable"] and "InductorError" in failed[0]["error"]
+    ok = [r for r in part["runs"] if "error" not in r]
+    assert len(ok) == 4
+    assert {r["tokens_per_s_vs_torch_adamw"] for r in ok if r["optimizer"] == "spectra-adamw"} == {
+        round(100_000 / 300_000, 3)
+    }
+    stored = json.loads((tmp_path / "train.json").read_text())
+    assert stored["runs"] == part["runs"]
+    index = {**ABOUT, "parts": {"train": part}}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(index))
+    summary = gpu_check.markdown_summary(tmp_path)
+    assert "| `spectra-adamw` | yes, and the capturable step | failed: torch._inductor" in summary
+    assert "| `spectra-adamw` | yes | 100,000 | 0.33 |" in summary

@@ -142,11 +142,11 @@ def gpu_bars(root: Path) -> str:
     d780, big = last("bench_optim_780m", "vs_torch_muon")
     dtrain, train = last("train", "runs")
     compiled = {r["optimizer"]: r["tokens_per_s"] for r in train["runs"] if r["compile"]
-                and not r.get("capturable")}  # fmt: skip
+                and not r.get("capturable") and "error" not in r}  # fmt: skip
     overheads = []
     for date, parts in runs:
         over = {(r["optimizer"], r["capturable"]): r["step_ms"]
-                for r in parts.get("overhead", {}).get("runs", [])}  # fmt: skip
+                for r in parts.get("overhead", {}).get("runs", []) if "error" not in r}  # fmt: skip
         if ("torch-adamw", False) in over and ("spectra-adamw", False) in over:
             ratio = over[("spectra-adamw", False)] / over[("torch-adamw", False)] - 1.0
             overheads.append(f"{100 * ratio:+.1f}% ({date[11:16]})")

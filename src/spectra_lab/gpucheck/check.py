@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -294,7 +295,7 @@ def check_training(out: Path, timeout: float) -> dict[str, Any]:
     report = {"preset": "124m", "steps": TRAIN_STEPS, "batch_size": TRAIN_BATCH,
               "median_after_step": TRAIN_SKIP, "autocast": "bf16", "runs": runs}  # fmt: skip
     write_json_atomic(out / "train.json", report)
-    return {"status": "passed", "file": "train.json", "runs": runs}
+    return {"status": runs_status(runs), "file": "train.json", "runs": runs}
 
 
 def check_overhead(out: Path, timeout: float) -> dict[str, Any]:
@@ -304,14 +305,21 @@ def check_overhead(out: Path, timeout: float) -> dict[str, Any]:
     runs, error = train_runs(OVERHEAD_RUNS, OVERHEAD_STEPS, OVERHEAD_ACCUM, timeout)
     if error:
         return {**error, "runs": runs}
-    base = next(r["step_ms"] for r in runs if r["optimizer"] == "torch-adamw")
+    base = next((r["step_ms"] for r in runs if r["optimizer"] == "torch-adamw"
+                 and "error" not in r), None)  # fmt: skip
     for r in runs:
-        r["overhead"] = round(r["step_ms"] / base - 1.0, 4)
+        if base and "error" not in r:
+            r["overhead"] = round(r["step_ms"] / base - 1.0, 4)
     report = {"preset": "124m", "steps": OVERHEAD_STEPS, "batch_size": TRAIN_BATCH,
               "grad_accum": OVERHEAD_ACCUM, "median_after_step": TRAIN_SKIP // 2,
               "autocast": "bf16", "compile": True, "runs": runs}  # fmt: skip
     write_json_atomic(out / "overhead.json", report)
-    return {"status": "passed", "file": "overhead.json", "runs": runs}
+    return {"status": runs_status(runs), "file": "overhead.json", "runs": runs}
+
+
+def runs_status(runs: list[dict[str, Any]]) -> str:
+    """``passed``; ``partial`` where some runs failed (each with its ``error``)."""
+    return "partial" if any("error" in r for r in runs) else "passed"
 
 
 def train_runs(
@@ -319,7 +327,9 @@ def train_runs(
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Train the 124M model once per ``(compiled, optimizer, capturable)`` of ``runs`` on random
     tokens; each run's throughput, step time and optimizer share, with its tokens/s over torch
-    AdamW's at the same compilation; the failure of the first run that failed, else None."""
+    AdamW's at the same compilation. A run that fails is a row with its ``error`` (the last
+    line of its output) and the others still run; the failure of a run stopped by the time
+    limit ends them all, returned second (else None)."""
     started, done = time.monotonic(), []
     skip = TRAIN_SKIP if accum == 1 else TRAIN_SKIP // 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -339,13 +349,19 @@ def train_runs(
                 *(["--compile"] if compiled else []), *(CAPTURABLE_TRAIN if capturable else ()),
             )  # fmt: skip
             status, output = run_process(cmd, max(left, 1.0))
-            if status != 0:
+            row = {"optimizer": optimizer, "compile": compiled, "capturable": capturable}
+            if status == 124:
                 return done, failed(status, output)
-            done.append({"optimizer": optimizer, "compile": compiled, "capturable": capturable,
-                         **_throughput(Path(tmp) / name, skip)})  # fmt: skip
-    base = {r["compile"]: r["tokens_per_s"] for r in done if r["optimizer"] == "torch-adamw"}
-    for r in done:
-        r["tokens_per_s_vs_torch_adamw"] = round(r["tokens_per_s"] / base[r["compile"]], 3)
+            if status != 0:
+                last = [line for line in output.strip().splitlines() if line.strip()][-1:]
+                done.append({**row, "error": last[0] if last else f"exit {status}"})
+                continue
+            done.append({**row, **_throughput(Path(tmp) / name, skip)})
+    ok = [r for r in done if "error" not in r]
+    base = {r["compile"]: r["tokens_per_s"] for r in ok if r["optimizer"] == "torch-adamw"}
+    for r in ok:
+        if r["compile"] in base:
+            r["tokens_per_s_vs_torch_adamw"] = round(r["tokens_per_s"] / base[r["compile"]], 3)
     return done, None
 
 
@@ -562,7 +578,7 @@ def markdown_summary(folder: str | Path) -> str:
     t = parts.get("tests", {})
     if "passed" in t:
         lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed", ""]
-    ran = {p.get("file") for p in parts.values() if p.get("status") == "passed"}
+    ran = {p.get("file") for p in parts.values() if p.get("status") in MEASURED}
     if "train.json" in ran:  # files of this run only: an older run's may lie beside them
         train = json.loads((folder / "train.json").read_text())
         lines += [
@@ -574,9 +590,13 @@ def markdown_summary(folder: str | Path) -> str:
         ]
         for r in train["runs"]:
             compiled = "yes, and the capturable step" if r.get("capturable") else "yes"
+            if "error" in r:
+                lines.append(f"| `{r['optimizer']}` | {compiled if r['compile'] else 'no'} | "
+                             f"failed: {r['error']} | | | |")  # fmt: skip
+                continue
             lines.append(
                 f"| `{r['optimizer']}` | {compiled if r['compile'] else 'no'} | "
-                f"{r['tokens_per_s']:,} | {r['tokens_per_s_vs_torch_adamw']:.2f} | "
+                f"{r['tokens_per_s']:,} | {r.get('tokens_per_s_vs_torch_adamw', math.nan):.2f} | "
                 f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |"
             )
         lines.append("")
@@ -592,6 +612,9 @@ def markdown_summary(folder: str | Path) -> str:
         ]
         for r in over["runs"]:
             name = f"`{r['optimizer']}`" + (", capturable" if r.get("capturable") else "")
+            if "error" in r:
+                lines.append(f"| {name} | failed: {r['error']} | | |")
+                continue
             share = r.get("optimizer_share")
             lines.append(f"| {name} | {r['step_ms']:.1f} | "
                          f"{'–' if share is None else f'{100 * share:.1f}%'} | "
