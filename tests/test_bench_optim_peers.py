@@ -181,6 +181,8 @@ def test_gpu_check_keeps_the_rows_a_part_measured_beside_those_that_failed(tmp_p
     assert part["status"] == "partial"
     assert part["failed_rows"] == {"spectra-adamw-compiled": "InductorError: x"}
     assert part["step_ms"] == {"torch-adamw": 4.0, "spectra-adamw": 40.0}
-    lines = gpu_check.capturable_table(part)
+    from spectra_lab.gpucheck.summary import capturable_table
+
+    lines = capturable_table(part)
     assert "| `spectra-adamw` | 40.0 | 10.00 | 1.10 |" in lines
     assert "`spectra-adamw-compiled` failed: InductorError: x" in lines

@@ -252,7 +252,7 @@ def test_gpu_check_summary_has_the_780m_table_with_or_without_its_tf32_half(tmp_
     import json
     import shutil
 
-    from spectra_lab.gpucheck.check import markdown_summary
+    from spectra_lab.gpucheck.summary import markdown_summary
 
     stored = DATA / "gpu"
     heading = "Optimizer step at the 780M shapes"

@@ -17,7 +17,7 @@ def gpu_runs(root: Path) -> str:
 
 def gpu_summary(root: Path) -> str:
     """The summary of the latest stored GPU check (``make gpu-check``)."""
-    from spectra_lab.gpucheck.check import markdown_summary
+    from spectra_lab.gpucheck.summary import markdown_summary
 
     return markdown_summary(root / "docs" / "data" / "gpu").rstrip()
 
@@ -25,7 +25,7 @@ def gpu_summary(root: Path) -> str:
 def gpu_ops(root: Path) -> str:
     """``auto`` against the paper's bf16 run on the latest H200 and H100 runs of ``make
     gpu-check`` (median over the cells, plain and with TF32) and its worst float32 error."""
-    from spectra_lab.gpucheck.check import ops_figures
+    from spectra_lab.gpucheck.summary import ops_figures
 
     h200, h100 = (latest_gpu(root, g, "bench_ops_tf32.json") for g in ("H200", "H100"))
     a, a32 = (ops_figures(h200 / f"{p}.json")["auto"] for p in ("bench_ops", "bench_ops_tf32"))
