@@ -320,8 +320,18 @@ def test_recheck_picks_each_lr_on_its_own_seeds_and_compares_on_the_others(repor
     # a picking seed or a comparison seed missing: the block waits
     with pytest.raises(report.Missing, match="soap has not run every lr"):
         report.picked_lrs(sweep(*[g for n in names[:3] for g in picking(n, 1e-3, 2e-3)]))
-    with pytest.raises(report.Missing, match=r"spectra-signum at lr 0\.001 has not run on"):
-        report.recheck_table(recheck, {"longer": longer})
+    # a method whose comparison seeds have not run, or still being picked: a row that says so
+    table = report.recheck_table(recheck, {"longer": longer})
+    assert "| 0.001 | seeds 0-2 not run yet | – | |" in row_of(table, "| spectra-signum |")
+    partial = sweep(*[g for n in names[:3] for g in picking(n, 1e-3, 2e-3)],
+                    ({"optimizer": "soap", "lr": 2e-3}, {3: 4.0}, None))  # fmt: skip
+    table = report.recheck_table(partial, {"longer": longer, "recheck-compare": compare})
+    assert (
+        row_of(table, "| soap |")
+        == "| soap | 0.002: 4.000 (1 of 3 seeds) | being picked | – | – | |"
+    )
+    with pytest.raises(report.Missing, match="dmuon has not run every lr"):
+        report.recheck_table(sweep(), {"longer": longer})
 
 
 def test_soft_muon_and_dmuon_preclip_tables_pair_against_dmuon(report):
@@ -329,14 +339,20 @@ def test_soft_muon_and_dmuon_preclip_tables_pair_against_dmuon(report):
         return ({"optimizer": "dmuon", "optimizer_kwargs": {"soft_kappa": kappa}, "lr": lr},
                 losses, None)  # fmt: skip
 
-    tried = ((1e-3, 4.2), (2e-3, 4.1))
-    select = sweep(*[soft(k, lr, {3: loss}) for k in report.SOFT_KAPPAS for lr, loss in tried])
-    compare = sweep(*[soft(k, 2e-3, B) for k in report.SOFT_KAPPAS])
+    tried = tuple(zip(report.SOFT_LRS, (4.3, 4.1, 4.2, 4.4), strict=True))
+    select = sweep(*[soft(k, lr, {3: loss}) for k in report.SOFT_KAPPAS[:-1] for lr, loss in tried],
+                   soft(3.0, 1.25e-3, {3: 4.5}))  # fmt: skip
+    compare = sweep(*[soft(k, 2.5e-3, B) for k in report.SOFT_KAPPAS])
     table = report.soft_muon_table(select, compare, A)
     row = row_of(table, "| 0.3 |")
-    assert "| 0.001: 4.200, 0.002: 4.100 | 0.002 |" in row and f"| {UP} | D-Muon lower |" in row
-    with pytest.raises(report.Missing, match="has not run on seeds 0-2"):
-        report.soft_muon_table(select, None, A)
+    assert "| 0.00125: 4.300, 0.0025: 4.100, 0.005: 4.200, 0.01: 4.400 | 0.0025 |" in row
+    assert f"| {UP} | D-Muon lower |" in row
+    # a κ whose grid has not all run is still being picked; one not compared yet says so
+    assert row_of(table, "| 3 |") == "| 3 | 0.00125: 4.500 | being picked | – | – | |"
+    table = report.soft_muon_table(select, None, A)
+    assert "| 0.0025 | seeds 0-2 not run yet | – | |" in row_of(table, "| 0.3 |")
+    with pytest.raises(report.Missing, match="soft-muon-lr has not run"):
+        report.soft_muon_table(None, None, A)
     pre = sweep(({"pre_clip_schedule": "cosine"}, B, None), ({"pre_clip_kappa": 1.0}, B, None),
                 ({"pre_clip_kappa": 2.0}, A, None))  # fmt: skip
     table = report.dmuon_preclip_table(pre, A)

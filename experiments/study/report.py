@@ -434,25 +434,42 @@ def compared_at(name: str, lr: float, sweeps: dict[str, dict | None]) -> dict[in
 
 def recheck_table(recheck: dict | None, sweeps: dict[str, dict | None]) -> str:
     """Every method of the re-check at its own best lr, picked on seeds 3-5 and compared on
-    seeds 0-2, with the paired Δ against D-Muon at its own."""
-    picked = picked_lrs(recheck)
-    at = {name: compared_at(name, lr, sweeps) for name, (lr, _) in picked.items()}
-    for name, vals in at.items():
-        if sorted(vals) != [0, 1, 2]:
-            raise Missing(f"{name} at lr {picked[name][0]:g} has not run on seeds 0-2")
+    seeds 0-2, with the paired Δ against D-Muon at its own. A method still being picked or
+    compared is a row that says so, with the lrs it has run so far."""
+    ((ref_lr, _),) = picked_lrs(recheck, ("dmuon",)).values()
+    ref = compared_at("dmuon", ref_lr, sweeps)
+    if sorted(ref) != [0, 1, 2]:
+        raise Missing(f"dmuon at lr {ref_lr:g} has not run on seeds 0-2")
     rows = ["| method | lrs tried (seeds 3-5: mean loss) | picked lr | final val loss, seeds 0-2 "
             "| Δ = loss − D-Muon's (paired) | verdict |", "|---|---|---:|---|---|---|"]  # fmt: skip
-    for name, (lr, by_lr) in picked.items():
-        tried = ", ".join(f"{x:g}: {statistics.fmean(v.values()):.3f}" for x, v in by_lr.items())
-        d = None if name == "dmuon" else paired(at["dmuon"], at[name])
+    for name, point in RECHECK.items():
+        lrs = sorted({r["point"]["lr"] for r in (recheck or {}).get("runs", [])
+                      if all(r["point"].get(k) == v for k, v in point.items())})  # fmt: skip
+        by_lr = {lr: per_seed(recheck, **point, lr=lr) for lr in lrs}
+        tried = ", ".join(
+            f"{x:g}: " + (f"{statistics.fmean(v.values()):.3f}" if v else "–")
+            + ("" if sorted(v) == list(PICK_SEEDS) else f" ({len(v)} of {len(PICK_SEEDS)} seeds)")
+            for x, v in by_lr.items()
+        )  # fmt: skip
+        if not lrs or any(sorted(v) != list(PICK_SEEDS) for v in by_lr.values()):
+            rows.append(f"| {name} | {tried or 'not run yet'} | being picked | – | – | |")
+            continue
+        lr = best_lr(by_lr)
+        vals = compared_at(name, lr, sweeps)
+        if sorted(vals) != [0, 1, 2]:
+            rows.append(f"| {name} | {tried} | {lr:g} | seeds 0-2 not run yet | – | |")
+            continue
+        d = None if name == "dmuon" else paired(ref, vals)
         diff = "(reference)" if d is None else fmt_diff(d)
         verdict = "" if d is None else difference(d, "D-Muon lower", f"{name} lower")
-        rows.append(f"| {name} | {tried} | {lr:g} | {mean_std(at[name])} | {diff} | {verdict} |")
+        rows.append(f"| {name} | {tried} | {lr:g} | {mean_std(vals)} | {diff} | {verdict} |")
     return "\n".join(rows)
 
 
 #: the soft orthogonalization's κ axis (soft-muon-lr.yaml), from near Muon to near SGD-M
 SOFT_KAPPAS = (0.03, 0.1, 0.3, 1.0, 3.0)
+#: ...and its lr grid (soft-muon-lr.yaml): a κ is picked once it has run them all
+SOFT_LRS = (1.25e-3, 2.5e-3, 5e-3, 1e-2)
 
 
 def soft_kappa_of(run: dict) -> float | None:
@@ -470,9 +487,12 @@ def soft_muon_table(select: dict | None, compare: dict | None, dmuon: dict[int, 
         if not tried:  # a row that says what is pending, so that the finished ones show
             rows.append(f"| {kappa:g} | not run yet | – | – | – | |")
             continue
+        listed = ", ".join(f"{x:g}: {v:.3f}" for x, v in sorted(tried.items()))
+        if not all(any(math.isclose(x, g) for x in tried) for g in SOFT_LRS):
+            rows.append(f"| {kappa:g} | {listed} | being picked | – | – | |")
+            continue
         lr = min(tried, key=tried.get)
         edge = " (the grid's edge)" if lr in (min(tried), max(tried)) else ""
-        listed = ", ".join(f"{x:g}: {v:.3f}" for x, v in sorted(tried.items()))
         vals = {r["seed"]: r["val_loss"] for r in (compare or {}).get("runs", [])
                 if soft_kappa_of(r) == kappa and r["val_loss"] is not None
                 and math.isclose(r["point"].get("lr", math.nan), lr)}  # fmt: skip
