@@ -469,7 +469,7 @@ def recheck_table(recheck: dict | None, sweeps: dict[str, dict | None]) -> str:
 #: the soft orthogonalization's κ axis (soft-muon-lr.yaml), from near Muon to near SGD-M
 SOFT_KAPPAS = (0.03, 0.1, 0.3, 1.0, 3.0)
 #: ...and its lr grid (soft-muon-lr.yaml): a κ is picked once it has run them all
-SOFT_LRS = (1.25e-3, 2.5e-3, 5e-3, 1e-2)
+SOFT_LRS = (6.25e-4, 1.25e-3, 2.5e-3, 5e-3, 1e-2)
 
 
 def soft_kappa_of(run: dict) -> float | None:
