@@ -288,3 +288,17 @@ def test_a_training_run_that_fails_is_a_row_and_the_others_still_run(tmp_path, m
     summary = gpu_check.markdown_summary(tmp_path)
     assert "| `spectra-adamw` | yes, and the capturable step | failed: torch._inductor" in summary
     assert "| `spectra-adamw` | yes | 100,000 | 0.33 |" in summary
+
+
+def test_a_copy_of_the_checkout_names_its_files_commit_where_told(monkeypatch):
+    # a remote machine's copy may carry an older .git than its files: the variable names them
+    import subprocess
+
+    from spectra_lab.machine import source_commit
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False, cwd=gpu_check.ROOT).stdout.strip() or None  # fmt: skip
+    monkeypatch.delenv("SPECTRA_SOURCE_COMMIT", raising=False)
+    assert source_commit() == head
+    monkeypatch.setenv("SPECTRA_SOURCE_COMMIT", "abc1234")
+    assert source_commit() == "abc1234"

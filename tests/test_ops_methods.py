@@ -184,3 +184,13 @@ def test_the_cpu_bf16_override_sets_the_default_and_the_report_says_so(value):
     assert bad.returncode != 0 and "SPECTRA_CPU_BF16_UNITS must be 0, 1 or unset, got 'maybe'" in (
         bad.stderr
     )
+
+
+def test_cuda_takes_mixed_for_float32_and_bf16_and_polar_for_float64():
+    # the H100 runs favoured "mixed" on CUDA (docs/gpu.md); float64 input keeps "polar"
+    cuda = torch.device("cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        assert methods.default_method("soft_clip", cuda, dtype) == "mixed"
+        assert methods.default_method("soft_clip", cuda, dtype, capturable=True) == "mixed"
+    assert methods.default_method("soft_clip", cuda, torch.float64) == "polar"
+    assert methods.default_method("hard_clip", cuda, torch.float32) == "eigh"
