@@ -296,8 +296,9 @@ def test_a_copy_of_the_checkout_names_its_files_commit_where_told(monkeypatch):
 
     from spectra_lab.machine import source_commit
 
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False, cwd=gpu_check.ROOT).stdout.strip() or None  # fmt: skip
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    out = subprocess.run(git, capture_output=True, text=True, check=False, cwd=gpu_check.ROOT)
+    head = out.stdout.strip() or None
     monkeypatch.delenv("SPECTRA_SOURCE_COMMIT", raising=False)
     assert source_commit() == head
     monkeypatch.setenv("SPECTRA_SOURCE_COMMIT", "abc1234")
