@@ -303,3 +303,14 @@ def test_a_copy_of_the_checkout_names_its_files_commit_where_told(monkeypatch):
     assert source_commit() == head
     monkeypatch.setenv("SPECTRA_SOURCE_COMMIT", "abc1234")
     assert source_commit() == "abc1234"
+
+
+def test_the_summary_names_the_run_of_the_parts_a_targeted_rerun_kept(tmp_path):
+    from spectra_lab.gpucheck.summary import markdown_summary
+
+    kept = {"status": "passed", "tests": 2, "passed": 2, "measured": "d0", "commit": "c0"}
+    index = {**ABOUT, "parts": {"tests": kept, "train": {"status": "failed"}}}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(index))
+    summary = markdown_summary(tmp_path)
+    assert "A targeted rerun: `tests` below come from the run of d0 at commit c0." in summary
+    assert "CUDA tests: 2 of 2 passed" in summary

@@ -64,6 +64,13 @@ def markdown_summary(folder: str | Path) -> str:
     parts = index["parts"]
     lines = [f"{index['gpu']}, torch {index['torch']} (CUDA {index['cuda']}), {index['date']}, "
              f"commit {index['commit']}", ""]  # fmt: skip
+    kept: dict[tuple[str, str], list[str]] = {}
+    for name, part in parts.items():
+        if "measured" in part and part.get("status") in MEASURED:
+            kept.setdefault((part["measured"], part["commit"]), []).append(f"`{name}`")
+    for (date, commit), names in kept.items():
+        lines += [f"A targeted rerun: {', '.join(names)} below come from the run of {date} at "
+                  f"commit {commit}.", ""]  # fmt: skip
     t = parts.get("tests", {})
     if "passed" in t:
         lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed", ""]
