@@ -76,46 +76,9 @@ def markdown_summary(folder: str | Path) -> str:
         lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed", ""]
     ran = {p.get("file") for p in parts.values() if p.get("status") in MEASURED}
     if "train.json" in ran:  # files of this run only: an older run's may lie beside them
-        train = json.loads((folder / "train.json").read_text())
-        lines += [
-            f"124M, {train['batch_size']}×512 tokens per step, bf16 autocast, median of steps "
-            f"{train['median_after_step'] + 1}–{train['steps']}:",
-            "",
-            "| optimizer | torch.compile | tokens/s | × torch AdamW | MFU | peak GB |",
-            "|---|---|---:|---:|---:|---:|",
-        ]
-        for r in train["runs"]:
-            compiled = "yes, and the capturable step" if r.get("capturable") else "yes"
-            if "error" in r:
-                lines.append(f"| `{r['optimizer']}` | {compiled if r['compile'] else 'no'} | "
-                             f"failed: {r['error']} | | | |")  # fmt: skip
-                continue
-            lines.append(
-                f"| `{r['optimizer']}` | {compiled if r['compile'] else 'no'} | "
-                f"{r['tokens_per_s']:,} | {r.get('tokens_per_s_vs_torch_adamw', math.nan):.2f} | "
-                f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |"
-            )
-        lines.append("")
+        lines += train_table(json.loads((folder / "train.json").read_text()))
     if "overhead.json" in ran:
-        over = json.loads((folder / "overhead.json").read_text())
-        lines += [
-            f"124M compiled at the paper's tokens per GPU step ({over['batch_size']}×512 "
-            f"tokens × {over['grad_accum']} accumulation steps), bf16 autocast, median of steps "
-            f"{over['median_after_step'] + 1}–{over['steps']}:",
-            "",
-            "| optimizer | step ms | optimizer share | overhead over torch AdamW |",
-            "|---|---:|---:|---:|",
-        ]
-        for r in over["runs"]:
-            name = f"`{r['optimizer']}`" + (", capturable" if r.get("capturable") else "")
-            if "error" in r:
-                lines.append(f"| {name} | failed: {r['error']} | | |")
-                continue
-            share = r.get("optimizer_share")
-            lines.append(f"| {name} | {r['step_ms']:.1f} | "
-                         f"{'–' if share is None else f'{100 * share:.1f}%'} | "
-                         f"{100 * r['overhead']:+.1f}% |")  # fmt: skip
-        lines.append("")
+        lines += overhead_table(json.loads((folder / "overhead.json").read_text()))
     for size, heading in (("", "124M shapes (`bench optim`, float32 parameters, median of 10)"),
                           ("780m", "780M shapes (float32 parameters, median of 4)")):  # fmt: skip
         lines += optim_table(parts, size, heading)
@@ -139,6 +102,53 @@ def markdown_summary(folder: str | Path) -> str:
             lines.append(f"| `{m}` | {ratio:.2f} | {tf32[m][0]:.2f} | {err32:.1e} | {err16:.1e} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def train_table(train: dict[str, Any]) -> list[str]:
+    """The markdown lines of the training part's runs (a failed run named with its error)."""
+    lines = [
+        f"124M, {train['batch_size']}×512 tokens per step, bf16 autocast, median of steps "
+        f"{train['median_after_step'] + 1}–{train['steps']}:",
+        "",
+        "| optimizer | torch.compile | tokens/s | × torch AdamW | MFU | peak GB |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in train["runs"]:
+        compiled = "yes, and the capturable step" if r.get("capturable") else "yes"
+        if "error" in r:
+            lines.append(f"| `{r['optimizer']}` | {compiled if r['compile'] else 'no'} | "
+                         f"failed: {r['error']} | | | |")  # fmt: skip
+            continue
+        lines.append(
+            f"| `{r['optimizer']}` | {compiled if r['compile'] else 'no'} | "
+            f"{r['tokens_per_s']:,} | {r.get('tokens_per_s_vs_torch_adamw', math.nan):.2f} | "
+            f"{100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} |"
+        )
+    lines.append("")
+    return lines
+
+
+def overhead_table(over: dict[str, Any]) -> list[str]:
+    """The markdown lines of the overhead part's runs (a failed run named with its error)."""
+    lines = [
+        f"124M compiled at the paper's tokens per GPU step ({over['batch_size']}×512 "
+        f"tokens × {over['grad_accum']} accumulation steps), bf16 autocast, median of steps "
+        f"{over['median_after_step'] + 1}–{over['steps']}:",
+        "",
+        "| optimizer | step ms | optimizer share | overhead over torch AdamW |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in over["runs"]:
+        name = f"`{r['optimizer']}`" + (", capturable" if r.get("capturable") else "")
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error']} | | |")
+            continue
+        share = r.get("optimizer_share")
+        lines.append(f"| {name} | {r['step_ms']:.1f} | "
+                     f"{'–' if share is None else f'{100 * share:.1f}%'} | "
+                     f"{100 * r['overhead']:+.1f}% |")  # fmt: skip
+    lines.append("")
+    return lines
 
 
 def optim_table(parts: dict[str, Any], size: str, heading: str) -> list[str]:
