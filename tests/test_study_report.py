@@ -350,8 +350,15 @@ def test_soft_muon_and_dmuon_preclip_tables_pair_against_dmuon(report):
     row = row_of(table, "| 0.3 |")
     listed = ", ".join(f"{lr:g}: {loss:.3f}" for lr, loss in tried)
     assert f"| {listed} | {best:g} |" in row and f"| {UP} | D-Muon lower |" in row
-    # a κ whose grid has not all run is still being picked; one not compared yet says so
+    # a κ whose grid has not all run is still being picked, unless three lrs or more put its
+    # best inside them; one not compared yet says so
     assert row_of(table, "| 3 |") == f"| 3 | {best:g}: 4.500 | being picked | – | – | |"
+    inside = sweep(*[soft(0.03, lr, {3: loss}) for lr, loss in tried[:3]])
+    assert f"| {best:g} | seeds 0-2 not run yet |" in row_of(
+        report.soft_muon_table(inside, None, A), "| 0.03 |"
+    )
+    at_edge = sweep(*[soft(0.03, lr, {3: loss}) for lr, loss in tried[1:4]])
+    assert "| being picked |" in row_of(report.soft_muon_table(at_edge, None, A), "| 0.03 |")
     table = report.soft_muon_table(select, None, A)
     assert f"| {best:g} | seeds 0-2 not run yet | – | |" in row_of(table, "| 0.3 |")
     with pytest.raises(report.Missing, match="soft-muon-lr has not run"):

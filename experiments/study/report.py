@@ -468,7 +468,8 @@ def recheck_table(recheck: dict | None, sweeps: dict[str, dict | None]) -> str:
 
 #: the soft orthogonalization's κ axis (soft-muon-lr.yaml), from near Muon to near SGD-M
 SOFT_KAPPAS = (0.03, 0.1, 0.3, 1.0, 3.0)
-#: ...and its lr grid (soft-muon-lr.yaml): a κ is picked once it has run them all
+#: ...and its lr grid (soft-muon-lr.yaml): a κ is picked once it has run them all, or once three
+#: lrs or more put its best inside those it ran
 SOFT_LRS = (6.25e-4, 1.25e-3, 2.5e-3, 5e-3, 1e-2)
 
 
@@ -488,11 +489,14 @@ def soft_muon_table(select: dict | None, compare: dict | None, dmuon: dict[int, 
             rows.append(f"| {kappa:g} | not run yet | – | – | – | |")
             continue
         listed = ", ".join(f"{x:g}: {v:.3f}" for x, v in sorted(tried.items()))
-        if not all(any(math.isclose(x, g) for x in tried) for g in SOFT_LRS):
+        lr = min(tried, key=tried.get)
+        whole = all(any(math.isclose(x, g) for x in tried) for g in SOFT_LRS)
+        edge = lr in (min(tried), max(tried))
+        # picked once its whole grid has run, or once three lrs or more put the best inside
+        if not whole and (len(tried) < 3 or edge):
             rows.append(f"| {kappa:g} | {listed} | being picked | – | – | |")
             continue
-        lr = min(tried, key=tried.get)
-        edge = " (the grid's edge)" if lr in (min(tried), max(tried)) else ""
+        edge = " (the grid's edge)" if edge else ""
         vals = {r["seed"]: r["val_loss"] for r in (compare or {}).get("runs", [])
                 if soft_kappa_of(r) == kappa and r["val_loss"] is not None
                 and math.isclose(r["point"].get("lr", math.nan), lr)}  # fmt: skip
