@@ -245,23 +245,17 @@ def add_update_(
     if keep is not None:
         for u in updates:
             u.masked_fill_(~keep, 0.0)
-    # by coefficient αη; a tensor lr (capturable) by identity with α, never compared by value
-    by: list[tuple[float | Tensor, float, list[Tensor], list[Tensor]]] = []
+    # by coefficient: a float lr as the product αη (α = 1), a tensor lr (capturable) by
+    # identity with α, never compared by value
+    by: list[tuple[float | Tensor, float, list[tuple[Tensor, Tensor]]]] = []
     for p, u, pl in zip(params, updates, plans, strict=True):
         for X, U, scale in _scaled_pairs(p, u, pl):
             if torch.is_tensor(pl.lr):
-                same = (e for e in by if e[1] == scale and _same_lr(e[0], pl.lr))
+                _join(by, pl.lr, scale, (X, U))
             elif scale * pl.lr != 0.0:
-                same = (e for e in by if not torch.is_tensor(e[0]) and e[0] * e[1] == scale * pl.lr)
-            else:
-                continue
-            entry = next(same, None)
-            if entry is None:
-                entry = (pl.lr, scale, [], [])
-                by.append(entry)
-            entry[2].append(X)
-            entry[3].append(U)
-    for lr, scale, ps, us in by:
+                _join(by, scale * pl.lr, 1.0, (X, U))
+    for lr, scale, pairs in by:
+        ps, us = [X for X, _ in pairs], [U for _, U in pairs]
         if torch.is_tensor(lr):
             torch._foreach_mul_(us, -scale * lr)
             torch._foreach_add_(ps, us)
@@ -287,23 +281,22 @@ def _by_scalars(
     call."""
     groups: list[tuple[float | Tensor, float, list[int]]] = []
     for i, pl in enumerate(plans):
-        b = second(pl)
-        if b != 0.0:
-            found = next((g for g in groups if g[1] == b and _same_lr(g[0], pl.lr)), None)
-            if found is None:
-                groups.append((pl.lr, b, [i]))
-            else:
-                found[2].append(i)
+        if second(pl) != 0.0:
+            _join(groups, pl.lr, second(pl), i)
     return groups
 
 
-def _same_lr(a: float | Tensor, b: float | Tensor) -> bool:
-    """Whether two plans' lrs are one: the same tensor (never compared by value), or equal
-    floats. By ``is``, not ``id()``: torch.compile cannot take the id of a tensor made in the
-    step (a per-parameter scale of a tensor lr)."""
-    if torch.is_tensor(a) or torch.is_tensor(b):
-        return a is b
-    return a == b
+def _join(groups: list, lr: float | Tensor, second: float, item: object) -> None:
+    """Append ``item`` to the group ``(lr, second, items)`` of ``groups`` with the same scalars,
+    or start one: a tensor lr is the same as another only if it is that tensor (never compared
+    by value), a float by value. By ``is``, not ``id()``: torch.compile cannot take the id of a
+    tensor made in the step (a per-parameter scale of a tensor lr)."""
+    for g_lr, g_second, items in groups:
+        tensor = torch.is_tensor(g_lr) or torch.is_tensor(lr)
+        if g_second == second and (g_lr is lr if tensor else g_lr == lr):
+            items.append(item)
+            return
+    groups.append((lr, second, [item]))
 
 
 def finite_flag(tensors: Sequence[Tensor]) -> Tensor | None:

@@ -27,8 +27,8 @@ def machine_of(report: dict[str, Any]) -> str:
     if "not a measurement" in str(report.get("what", "")):
         return "none: a model, not a measurement"
     about = report.get("machine", report)  # some experiments nest it
-    gpu = about.get("gpu") or (about.get("device") if str(about.get("device")).startswith("NVIDIA")
-                               else None)  # fmt: skip
+    device = str(about.get("device"))
+    gpu = about.get("gpu") or (device if device.startswith("NVIDIA") else None)
     if isinstance(gpu, str) and gpu:
         return gpu if gpu.startswith("NVIDIA") else f"none: a plan for {gpu.upper()} GPUs"
     if about.get("device") == "cuda":

@@ -95,6 +95,15 @@ def latest_gpu(root: Path, gpu: str, holding: str = "gpu_check.json") -> Path:
     return root / "docs" / "data" / "gpu" / max(runs, key=lambda r: r["date"])["folder"]
 
 
+def polar_and_mixed(figures: dict[str, float]) -> tuple[float, float]:
+    """A GPU run's figures of Spectra-AdamW by ``polar`` and by ``mixed``: ``polar`` is the row
+    ``spectra-adamw-polar``, or ``spectra-adamw`` in the runs made while it was the CUDA
+    default."""
+    return figures.get("spectra-adamw-polar", figures["spectra-adamw"]), figures[
+        "spectra-adamw-mixed"
+    ]
+
+
 def err_range(lo: float, hi: float) -> str:
     """An error range as the operator tables write it: ``3.8–4.3e-4``, ``2.0e-5`` where the two
     round alike, ``0.09–0.17`` from 0.05 on."""

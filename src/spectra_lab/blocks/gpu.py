@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spectra_lab.blocks.common import json_of, latest_gpu, sci, table
+from spectra_lab.blocks.common import json_of, latest_gpu, polar_and_mixed, sci, table
 
 
 def gpu_runs(root: Path) -> str:
@@ -124,19 +124,13 @@ def _h100_runs(root: Path) -> list[tuple[str, dict]]:
 def gpu_bars(root: Path) -> str:
     """The GPU step's figures against the bars it is held to, from the latest H100 runs: the
     124M step over torch AdamW's, the 780M step over torch Muon's, the 124M step's peak
-    memory, compiled 124M training, and the overhead at the paper's tokens per GPU step. The
-    ``polar`` row is ``spectra-adamw-polar``, or ``spectra-adamw`` in the runs made while it
-    was the CUDA default; training runs that a later failure stopped still count."""
+    memory, compiled 124M training, and the overhead at the paper's tokens per GPU step
+    (:func:`polar_and_mixed`); training runs that a later failure stopped still count."""
     runs = _h100_runs(root)
 
     def last(part: str, key: str) -> tuple[str, dict]:
         date, parts = next((d, p) for d, p in reversed(runs) if key in p.get(part, {}))
         return date, parts[part]
-
-    def both(figures: dict) -> tuple[float, float]:
-        return figures.get("spectra-adamw-polar", figures["spectra-adamw"]), figures[
-            "spectra-adamw-mixed"
-        ]
 
     d124, small = last("bench_optim", "vs_torch_adamw")
     d780, big = last("bench_optim_780m", "vs_torch_muon")
@@ -157,11 +151,11 @@ def gpu_bars(root: Path) -> str:
 
     rows = [
         row("124M step ÷ torch AdamW (foreach), `polar` / `mixed`", d124,
-            both(small["vs_torch_adamw"]), "≤ 3×", lambda v: v <= 3.0),
+            polar_and_mixed(small["vs_torch_adamw"]), "≤ 3×", lambda v: v <= 3.0),
         row("780M step ÷ `torch.optim.Muon`, `polar` / `mixed`", d780,
-            both(big["vs_torch_muon"]), "≤ 1.5× (goal ≤ 1.0×)", lambda v: v <= 1.5),
+            polar_and_mixed(big["vs_torch_muon"]), "≤ 1.5× (goal ≤ 1.0×)", lambda v: v <= 1.5),
         row("124M step's peak memory ÷ torch AdamW's, `polar` / `mixed`", d124,
-            both(small["peak_vs_torch_adamw"]), "≤ 1.10×", lambda v: v <= 1.10),
+            polar_and_mixed(small["peak_vs_torch_adamw"]), "≤ 1.10×", lambda v: v <= 1.10),
         row("compiled 124M training at 16×512 tokens, tokens/s ÷ torch AdamW (`polar`)", dtrain,
             (compiled["spectra-adamw"] / compiled["torch-adamw"],), "≥ 0.7×",
             lambda v: v >= 0.7),

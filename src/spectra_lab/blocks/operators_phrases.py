@@ -14,6 +14,7 @@ from spectra_lab.blocks.common import (
     json_of,
     latest_gpu,
     ops_cells,
+    polar_and_mixed,
     sci,
     table,
     value_range,
@@ -138,16 +139,14 @@ def h100_mixed(root: Path) -> str:
 
 def cuda_default(root: Path) -> str:
     """``mixed`` against ``polar`` on the latest H100 run (``gpu_check.json``): step time at
-    124M and 780M and peak memory at 124M. ``polar`` is the row ``spectra-adamw-polar``, or
-    ``spectra-adamw`` in the runs made while it was the CUDA default."""
+    124M and 780M and peak memory at 124M (:func:`polar_and_mixed`)."""
     folder = latest_gpu(root, "H100")
     index = json.loads((folder / "gpu_check.json").read_text())
     parts = index["parts"]
 
     def ratio(part: str, key: str) -> float:
-        figures = parts[part][key]
-        polar = figures.get("spectra-adamw-polar", figures["spectra-adamw"])
-        return figures["spectra-adamw-mixed"] / polar
+        polar, mixed = polar_and_mixed(parts[part][key])
+        return mixed / polar
 
     date = parts["bench_optim"].get("measured", index["date"])
     step, peak = ratio("bench_optim", "step_ms"), ratio("bench_optim", "peak_vs_torch_adamw")
