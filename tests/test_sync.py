@@ -256,7 +256,7 @@ def train(make, steps: int = 4, compile_backend: str | None = None, lr_values=No
     opt = make(model.parameters())
     step = opt.step
     if compile_backend is not None:
-        step = torch.compile(opt.step, fullgraph=True, backend=compile_backend)
+        step = so.compile_step(opt, backend=compile_backend)
     gen = torch.Generator().manual_seed(1)
     for k in range(steps):
         if lr_values is not None:
@@ -296,6 +296,61 @@ def test_a_capturable_adamw_step_compiled_by_inductor_matches_eager():
     eager, _ = train(make)
     compiled, _ = train(make, compile_backend="inductor")
     assert_params_close(eager, compiled, 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("version", "options"),
+    [
+        ("2.10.1", {"loop_ordering_after_fusion": False}),
+        ("2.11.0+cu130", {"loop_ordering_after_fusion": False}),
+        ("2.12.0", {}),
+        ("2.13.0+cpu", {}),
+    ],
+)
+def test_inductor_loop_reordering_is_off_before_torch_2_12(version, options):
+    # torch 2.11 asserts in FusedSchedulerNode.reorder_loops_by_dep_pair on fused foreach nodes
+    assert so.inductor_options(version) == options
+
+
+def test_compile_step_passes_the_options_to_inductor_alone(monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        so.compiled, "inductor_options", lambda: {"loop_ordering_after_fusion": False}
+    )
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    opt = so.AdamW([nn.Parameter(torch.ones(3, 2))], lr=1e-2, capturable=True)
+    so.compile_step(opt)
+    so.compile_step(opt, backend="eager")
+    assert seen == [
+        {"fullgraph": True, "options": {"loop_ordering_after_fusion": False}},
+        {"fullgraph": True, "backend": "eager"},
+    ]
+
+
+def test_a_compiled_step_under_an_lr_scheduler_matches_eager_without_a_warning():
+    lrs = [1e-2 * 0.5**k for k in range(4)]
+
+    def run(compiled):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 24), nn.Tanh(), nn.Linear(24, 8))
+        opt = so.AdamW(model.parameters(), lr=torch.tensor(1e-2), clip_c=0.5, capturable=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5**k)
+        step = so.compile_step(opt, backend="eager") if compiled else opt.step
+        gen = torch.Generator().manual_seed(1)
+        for k in range(4):
+            assert float(opt.param_groups[0]["lr"]) == pytest.approx(lrs[k])
+            opt.zero_grad()
+            model(torch.randn(32, 16, generator=gen)).pow(2).mean().backward()
+            step()
+            sched.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    eager = run(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()" among them
+        compiled = run(True)
+    assert_params_close(eager, compiled, COMPILED_ATOL)
 
 
 @pytest.mark.parametrize("name", list(CAPTURABLE))

@@ -10,6 +10,7 @@ from spectra.optim.ademamix import AdEMAMix
 from spectra.optim.base import NonFiniteError, SpectraOptimizer
 from spectra.optim.baselines import SOAP, DMuon, dmuon_param_groups
 from spectra.optim.chain import spectra_step
+from spectra.optim.compiled import compile_step, inductor_options
 from spectra.optim.groups import matrix_param_groups
 from spectra.optim.layout import MatrixLayout
 from spectra.optim.mars import MARS
@@ -41,8 +42,10 @@ __all__ = [
     "Spectra",
     "SpectraOptimizer",
     "SpectralOp",
+    "compile_step",
     "cosine_schedule",
     "dmuon_param_groups",
+    "inductor_options",
     "matrix_param_groups",
     "spectra_step",
     "standard_clip_schedule",

@@ -29,13 +29,13 @@ def capturable_adamw(params: list[Tensor], lr: float, clip_c: float, **kw: Any) 
 
 
 class CompiledStep:
-    """A capturable optimizer's step compiled whole (``fullgraph=True``). The first ``step()``
-    runs an eager step (which creates the state) and then the compiled one (which traces and
-    compiles it), so that a benchmark's warm-up holds the compilation."""
+    """A capturable optimizer's step compiled whole (:func:`spectra.optim.compile_step`). The
+    first ``step()`` runs an eager step (which creates the state) and then the compiled one
+    (which traces and compiles it), so that a benchmark's warm-up holds the compilation."""
 
     def __init__(self, base: torch.optim.Optimizer) -> None:
         self.base = base
-        self._step = torch.compile(base.step, fullgraph=True)
+        self._step = so.compile_step(base)
         self._warm = False
 
     def step(self) -> None:

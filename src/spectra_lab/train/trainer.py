@@ -48,6 +48,7 @@ from torch import nn
 
 from spectra import SpectralMonitor
 from spectra.ops import soft_clip_method
+from spectra.optim import compile_step
 from spectra.optim.base import NonFiniteError
 from spectra_lab.errors import UserError
 from spectra_lab.machine import device_about
@@ -262,19 +263,11 @@ def build_run(
 
 def compiled_step(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Callable[[], Any]:
     """``optimizer.step``, or with ``--compile`` and a capturable optimizer (``optimizer_kwargs:
-    {capturable: true}``) the step compiled whole (``fullgraph=True``): it reads nothing on the
-    host, and its lr tensors keep one graph for every lr."""
+    {capturable: true}``) the step compiled whole (:func:`spectra.optim.compile_step`): it reads
+    nothing on the host, and its lr tensors keep one graph for every lr."""
     if not (cfg.compile and optimizer.defaults.get("capturable")):
         return optimizer.step
-    # the class's step: LRScheduler wraps the instance's (in a module torch.compile skips) to
-    # note that it was called, which this function notes in its place
-    step = torch.compile(type(optimizer).step.__get__(optimizer), fullgraph=True)
-
-    def compiled() -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        return step()
-
-    return compiled
+    return compile_step(optimizer)
 
 
 def train_loop(run: Run, log: RunLog, stop: StopSignals, on_step: OnStep | None) -> TrainResult:
