@@ -369,3 +369,49 @@ def test_soft_muon_and_dmuon_preclip_tables_pair_against_dmuon(report):
     assert f"| {UP} | D-Muon alone lower |" in row_of(table, "| adaptive, κ = 1 |")
     # identical losses: no difference
     assert row_of(table, "| adaptive, κ = 2 |").endswith("| no difference |")
+
+
+def test_dmuon_preclip_rows_fill_in_case_by_case(report):
+    table = report.dmuon_preclip_table(sweep(({"pre_clip_kappa": 1.0}, {0: 4.0}, None)), A)
+    assert row_of(table, "| adaptive, κ = 1 |") == "| adaptive, κ = 1 | 1 of 3 seeds run | – | |"
+    with pytest.raises(report.Missing, match="dmuon-preclip has not run"):
+        report.dmuon_preclip_table(None, A)
+
+
+def test_the_muon_answer_pairs_each_rival_against_dmuon_and_names_what_is_pending(report, tmp_path):
+    pick = {3: 4.0, 4: 4.1, 5: 4.2}
+    level = {s: v + 0.001 * (-1) ** s for s, v in A.items()}  # Δ ±0.001: no difference
+    below = {s: v - 0.2 for s, v in A.items()}  # the rival lower by 0.2 on every seed
+    soft = lambda k, lr, losses: ({"optimizer": "dmuon", "optimizer_kwargs": {"soft_kappa": k},  # noqa: E731
+                                   "lr": lr}, losses, None)  # fmt: skip
+    sweeps = {
+        # SOAP still being picked: one of its picking seeds has run
+        "recheck-lr": sweep(*[({"optimizer": n, "lr": 1e-3}, pick, None)
+                              for n in ("dmuon", "spectra-adamw", "spectra-signum")],
+                            ({"optimizer": "soap", "lr": 1e-3}, {3: 4.0}, None)),
+        "longer": sweep(({"optimizer": "dmuon", "lr": 1e-3}, A, None),
+                        ({"optimizer": "spectra-adamw", "lr": 1e-3}, B, None)),
+        "recheck-compare": sweep(({"optimizer": "spectra-signum", "lr": 1e-3}, below, None)),
+        "soft-muon-lr": sweep(*[soft(k, lr, {3: 4.0 + abs(lr - 2.5e-3)})
+                                for k in (0.03, 0.1) for lr in report.SOFT_LRS]),
+        "soft-muon": sweep(soft(0.03, 2.5e-3, B), soft(0.1, 2.5e-3, level)),
+        "dmuon-preclip": sweep(({"pre_clip_kappa": 1.0}, {0: 4.0}, None)),
+    }  # fmt: skip
+    for name, data in sweeps.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(data))
+    table = report.muon_table(tmp_path)
+    assert row_of(table, "| D-Muon |").endswith("| (reference) | |")
+    assert f"| {UP} | D-Muon lower |" in row_of(table, "| Spectra-AdamW |")
+    assert row_of(table, "| Spectra-Signum |").endswith("| Spectra-Signum lower |")
+    assert row_of(table, "| SOAP |") == "| SOAP | – | lr being picked | – | |"
+    # of the κs compared, the one that ends lowest: κ = 0.1 (level), not κ = 0.03 (+0.098)
+    assert row_of(table, "| D-Muon's soft clip").startswith("| D-Muon's soft clip, κ = 0.1 |")
+    assert row_of(table, "| D-Muon + pre-clip") == (
+        "| D-Muon + pre-clip | 0.001 | no case finished yet | – | |"
+    )
+    assert report.muon_answer_prose(tmp_path) == (
+        "D-Muon ends significantly lower than Spectra-AdamW; level with D-Muon's soft clip, "
+        "κ = 0.1 (no significant difference at n = 3); significantly higher than "
+        "Spectra-Signum; 2 of the 5 comparisons are still running"
+    )

@@ -477,35 +477,56 @@ def soft_kappa_of(run: dict) -> float | None:
     return (run["point"].get("optimizer_kwargs") or {}).get("soft_kappa")
 
 
+def soft_muon_pick(
+    select: dict | None, kappa: float
+) -> tuple[dict[float, float], float | None, bool]:
+    """κ's lr selection (soft-muon-lr.yaml, seed 3): its losses by lr, the lr picked (None while
+    it is being picked: its whole grid has not run and fewer than three lrs put the best
+    inside them) and whether that pick is the edge of the lrs tried."""
+    tried = {r["point"]["lr"]: r["val_loss"] for r in (select or {}).get("runs", [])
+             if soft_kappa_of(r) == kappa and r["val_loss"] is not None}  # fmt: skip
+    if not tried:
+        return tried, None, False
+    lr = min(tried, key=tried.get)
+    whole = all(any(math.isclose(x, g) for x in tried) for g in SOFT_LRS)
+    edge = lr in (min(tried), max(tried))
+    if not whole and (len(tried) < 3 or edge):
+        return tried, None, edge
+    return tried, lr, edge
+
+
+def soft_muon_compared(compare: dict | None, kappa: float, lr: float) -> dict[int, float]:
+    """κ's final losses on the comparison seeds at its picked lr (soft-muon.yaml)."""
+    return {r["seed"]: r["val_loss"] for r in (compare or {}).get("runs", [])
+            if soft_kappa_of(r) == kappa and r["val_loss"] is not None
+            and math.isclose(r["point"].get("lr", math.nan), lr)}  # fmt: skip
+
+
 def soft_muon_table(select: dict | None, compare: dict | None, dmuon: dict[int, float]) -> str:
     """The soft-Muon axis: for each κ, the lr picked on seed 3 (soft-muon-lr.yaml) and the
     final loss on seeds 0-2 at it (soft-muon.yaml), paired against D-Muon at its best lr."""
     rows = ["| κ | lrs tried (seed 3: loss) | picked lr | final val loss, seeds 0-2 | "
             "Δ = loss − D-Muon's (paired) | verdict |", "|---:|---|---:|---|---|---|"]  # fmt: skip
     for kappa in SOFT_KAPPAS:
-        tried = {r["point"]["lr"]: r["val_loss"] for r in (select or {}).get("runs", [])
-                 if soft_kappa_of(r) == kappa and r["val_loss"] is not None}  # fmt: skip
+        tried, lr, edge = soft_muon_pick(select, kappa)
         if not tried:  # a row that says what is pending, so that the finished ones show
             rows.append(f"| {kappa:g} | not run yet | – | – | – | |")
             continue
         listed = ", ".join(f"{x:g}: {v:.3f}" for x, v in sorted(tried.items()))
-        lr = min(tried, key=tried.get)
-        whole = all(any(math.isclose(x, g) for x in tried) for g in SOFT_LRS)
-        edge = lr in (min(tried), max(tried))
-        # picked once its whole grid has run, or once three lrs or more put the best inside
-        if not whole and (len(tried) < 3 or edge):
+        if lr is None:
             rows.append(f"| {kappa:g} | {listed} | being picked | – | – | |")
             continue
-        edge = " (the grid's edge)" if edge else ""
-        vals = {r["seed"]: r["val_loss"] for r in (compare or {}).get("runs", [])
-                if soft_kappa_of(r) == kappa and r["val_loss"] is not None
-                and math.isclose(r["point"].get("lr", math.nan), lr)}  # fmt: skip
+        edge_note = " (the grid's edge)" if edge else ""
+        vals = soft_muon_compared(compare, kappa, lr)
         if sorted(vals) != [0, 1, 2]:
-            rows.append(f"| {kappa:g} | {listed} | {lr:g}{edge} | seeds 0-2 not run yet | – | |")
+            rows.append(
+                f"| {kappa:g} | {listed} | {lr:g}{edge_note} | seeds 0-2 not run yet | – | |"
+            )
             continue
         d = paired(dmuon, vals)
-        rows.append(f"| {kappa:g} | {listed} | {lr:g}{edge} | {mean_std(vals)} | {fmt_diff(d)} | "
-                    f"{difference(d, 'D-Muon lower', f'κ = {kappa:g} lower')} |")  # fmt: skip
+        verdict = difference(d, "D-Muon lower", f"κ = {kappa:g} lower")
+        rows.append(f"| {kappa:g} | {listed} | {lr:g}{edge_note} | {mean_std(vals)} | "
+                    f"{fmt_diff(d)} | {verdict} |")  # fmt: skip
     if select is None:
         raise Missing("soft-muon-lr has not run")
     return "\n".join(rows)
@@ -518,22 +539,115 @@ def dmuon_best(results: Path = RESULTS) -> dict[int, float]:
     return compared_at("dmuon", lr, sweeps)
 
 
+#: dmuon-preclip.yaml's cases, by row label
+DMUON_PRECLIP_CASES = [("cosine, c from 10 to 0.01", {"pre_clip_schedule": "cosine"}),
+                       ("adaptive, κ = 1", {"pre_clip_kappa": 1.0}),
+                       ("adaptive, κ = 2", {"pre_clip_kappa": 2.0})]  # fmt: skip
+
+
 def dmuon_preclip_table(preclip: dict | None, dmuon: dict[int, float]) -> str:
-    """D-Muon with SPECTRA's pre-clip (dmuon-preclip.yaml) against D-Muon alone, paired."""
-    cases = [("cosine, c from 10 to 0.01", {"pre_clip_schedule": "cosine"}),
-             ("adaptive, κ = 1", {"pre_clip_kappa": 1.0}),
-             ("adaptive, κ = 2", {"pre_clip_kappa": 2.0})]  # fmt: skip
+    """D-Muon with SPECTRA's pre-clip (dmuon-preclip.yaml) against D-Muon alone, paired; a
+    case still running is a row that says how many of its seeds have finished."""
+    if preclip is None:
+        raise Missing("dmuon-preclip has not run")
     rows = ["| pre-clip | final val loss, seeds 0-2 | Δ = loss − D-Muon's (paired) | verdict |",
             "|---|---|---|---|",
             f"| none (D-Muon) | {mean_std(dmuon)} | (reference) | |"]  # fmt: skip
-    for label, point in cases:
+    for label, point in DMUON_PRECLIP_CASES:
         vals = per_seed(preclip, **point)
         if sorted(vals) != [0, 1, 2]:
-            raise Missing(f"dmuon-preclip: {label} has not run on seeds 0-2")
+            rows.append(f"| {label} | {len(vals)} of 3 seeds run | – | |")
+            continue
         d = paired(dmuon, vals)
         rows.append(f"| {label} | {mean_std(vals)} | {fmt_diff(d)} | "
                     f"{difference(d, 'D-Muon alone lower', 'pre-clipped lower')} |")  # fmt: skip
     return "\n".join(rows)
+
+
+#: the re-check's SPECTRA variants and SOAP, by the name the answer table gives them
+MUON_RIVALS = {"spectra-adamw": "Spectra-AdamW", "spectra-signum": "Spectra-Signum",
+               "soap": "SOAP"}  # fmt: skip
+
+
+def muon_rivals(results: Path) -> tuple[float, dict[int, float], list[dict]]:
+    """D-Muon's re-checked lr and its losses on seeds 0-2, and each rival's row against it:
+    ``label``, ``lr`` (None while being picked), ``vals`` (seeds 0-2) and the paired ``d``
+    (None until all three have run). The rivals: the re-check's methods at their picked lrs,
+    the soft-Muon κ that ends lowest on seeds 0-2 (of those compared), and the pre-clip of
+    D-Muon that does (of the three)."""
+    recheck = load("recheck-lr", results)
+    sweeps = {s: load(s, results) for s in ("longer", "longer-lr", "recheck-compare")}
+    ref_lr, _ = picked_lrs(recheck, ("dmuon",))["dmuon"]
+    ref = compared_at("dmuon", ref_lr, sweeps)
+    if sorted(ref) != [0, 1, 2]:
+        raise Missing(f"dmuon at lr {ref_lr:g} has not run on seeds 0-2")
+
+    def row(label: str, lr: float | None, vals: dict[int, float], pending: str = "") -> dict:
+        done = sorted(vals) == [0, 1, 2]
+        pending = pending or ("lr being picked" if lr is None else "seeds 0-2 not run yet")
+        return {"label": label, "lr": lr, "vals": vals, "pending": pending,
+                "d": paired(ref, vals) if done else None}  # fmt: skip
+
+    rows = []
+    for name, label in MUON_RIVALS.items():
+        try:
+            lr, _ = picked_lrs(recheck, (name,))[name]
+        except Missing:
+            lr = None
+        rows.append(row(label, lr, compared_at(name, lr, sweeps) if lr else {}))
+    select, compare = load("soft-muon-lr", results), load("soft-muon", results)
+    softs = []
+    for kappa in SOFT_KAPPAS:
+        _, lr, _ = soft_muon_pick(select, kappa)
+        vals = soft_muon_compared(compare, kappa, lr) if lr else {}
+        if sorted(vals) == [0, 1, 2]:
+            softs.append(row(f"D-Muon's soft clip, κ = {kappa:g}", lr, vals))
+    best = min(softs, key=lambda r: statistics.fmean(r["vals"].values()), default=None)
+    rows.append(best or row("D-Muon's soft clip", None, {}, "no κ compared yet"))
+    preclip = load("dmuon-preclip", results)
+    pre = [row(f"D-Muon + pre-clip, {label}", ref_lr, per_seed(preclip, **point))
+           for label, point in DMUON_PRECLIP_CASES]  # fmt: skip
+    done = [r for r in pre if r["d"] is not None]
+    best = min(done, key=lambda r: statistics.fmean(r["vals"].values()), default=None)
+    rows.append(best or row("D-Muon + pre-clip", ref_lr, {}, "no case finished yet"))
+    return ref_lr, ref, rows
+
+
+def muon_table(results: Path) -> str:
+    """SPECTRA or Muon: D-Muon at its re-checked lr against each rival at its own, seeds 0-2."""
+    ref_lr, ref, rivals = muon_rivals(results)
+    rows = ["| at 600 steps, seeds 0-2 | lr | final val loss | Δ = loss − D-Muon's (paired) | "
+            "verdict |", "|---|---:|---|---|---|",
+            f"| D-Muon | {ref_lr:g} | {mean_std(ref)} | (reference) | |"]  # fmt: skip
+    for r in rivals:
+        if r["d"] is None:
+            lr = "–" if r["lr"] is None else f"{r['lr']:g}"
+            rows.append(f"| {r['label']} | {lr} | {r['pending']} | – | |")
+            continue
+        verdict = difference(r["d"], "D-Muon lower", f"{r['label']} lower")
+        rows.append(f"| {r['label']} | {r['lr']:g} | {mean_std(r['vals'])} | {fmt_diff(r['d'])} "
+                    f"| {verdict} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def muon_answer_prose(results: Path) -> str:
+    """The answer so far: how many of the rivals compared D-Muon ends below, level with or
+    above, and which are still running."""
+    _, _, rivals = muon_rivals(results)
+    done = [r for r in rivals if r["d"] is not None]
+    below = [r["label"] for r in done if r["d"]["sig"] and r["d"]["mean"] > 0]
+    level = [r["label"] for r in done if not r["d"]["sig"]]
+    above = [r["label"] for r in done if r["d"]["sig"] and r["d"]["mean"] < 0]
+    parts = []
+    if below:
+        parts.append(f"D-Muon ends significantly lower than {', '.join(below)}")
+    if level:
+        parts.append(f"level with {', '.join(level)} (no significant difference at n = 3)")
+    if above:
+        parts.append(f"significantly higher than {', '.join(above)}")
+    pending = len(rivals) - len(done)
+    tail = f"; {pending} of the {len(rivals)} comparisons are still running" if pending else ""
+    return ("; ".join(parts) or "no comparison has finished yet") + tail
 
 
 NS_CASES = [
@@ -1365,6 +1479,8 @@ def blocks_of(results: Path, data: Path) -> tuple[dict, dict, dict]:
         "dmuon-preclip": lambda: dmuon_preclip_table(
             load("dmuon-preclip", results), dmuon_best(results)
         ),
+        "muon": lambda: muon_table(results),
+        "muon-answer": lambda: muon_answer_prose(results),
         "ns": lambda: ns_md,
         "fixed": lambda: fx_md,
         "overhead": lambda: overhead_table(seeds),
