@@ -316,13 +316,16 @@ def test_recheck_picks_each_lr_on_its_own_seeds_and_compares_on_the_others(repor
     table = report.recheck_table(recheck, {"longer": longer, "recheck-compare": compare})
     assert row_of(table, "| dmuon |").endswith("| (reference) |  |")
     assert f"| {UP} | D-Muon lower |" in row_of(table, "| spectra-adamw |")
-    assert "| 0.001: 4.100, 0.002: 4.150 | 0.001 |" in row_of(table, "| soap |")
+    # a pick at the edge of the lrs tried says so
+    assert "| 0.001: 4.100, 0.002: 4.150 | 0.001 (the grid's edge) |" in row_of(table, "| soap |")
     # a picking seed or a comparison seed missing: the block waits
     with pytest.raises(report.Missing, match="soap has not run every lr"):
         report.picked_lrs(sweep(*[g for n in names[:3] for g in picking(n, 1e-3, 2e-3)]))
     # a method whose comparison seeds have not run, or still being picked: a row that says so
     table = report.recheck_table(recheck, {"longer": longer})
-    assert "| 0.001 | seeds 0-2 not run yet | – | |" in row_of(table, "| spectra-signum |")
+    assert "| 0.001 (the grid's edge) | seeds 0-2 not run yet | – | |" in row_of(
+        table, "| spectra-signum |"
+    )
     partial = sweep(*[g for n in names[:3] for g in picking(n, 1e-3, 2e-3)],
                     ({"optimizer": "soap", "lr": 2e-3}, {3: 4.0}, None))  # fmt: skip
     table = report.recheck_table(partial, {"longer": longer, "recheck-compare": compare})

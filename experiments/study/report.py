@@ -456,13 +456,14 @@ def recheck_table(recheck: dict | None, sweeps: dict[str, dict | None]) -> str:
             continue
         lr = best_lr(by_lr)
         vals = compared_at(name, lr, sweeps)
+        picked = f"{lr:g}" + (" (the grid's edge)" if lr in (lrs[0], lrs[-1]) else "")
         if sorted(vals) != [0, 1, 2]:
-            rows.append(f"| {name} | {tried} | {lr:g} | seeds 0-2 not run yet | – | |")
+            rows.append(f"| {name} | {tried} | {picked} | seeds 0-2 not run yet | – | |")
             continue
         d = None if name == "dmuon" else paired(ref, vals)
         diff = "(reference)" if d is None else fmt_diff(d)
         verdict = "" if d is None else difference(d, "D-Muon lower", f"{name} lower")
-        rows.append(f"| {name} | {tried} | {lr:g} | {mean_std(vals)} | {diff} | {verdict} |")
+        rows.append(f"| {name} | {tried} | {picked} | {mean_std(vals)} | {diff} | {verdict} |")
     return "\n".join(rows)
 
 
