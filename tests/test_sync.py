@@ -534,3 +534,27 @@ def test_capturable_settings_compile_whole_and_match_eager(kw):
     eager, _ = train(make, steps=3)
     compiled, _ = train(make, steps=3, compile_backend="eager")
     assert_params_close(eager, compiled, COMPILED_ATOL)
+
+
+def test_the_trainer_compiles_a_capturable_step_alone_and_only_when_asked(monkeypatch):
+    from types import SimpleNamespace
+
+    from spectra_lab.train.trainer import compiled_step
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+
+    def make(capturable):
+        p = nn.Parameter(torch.ones(4, 3))
+        p.grad = torch.ones(4, 3)
+        return p, so.AdamW([p], lr=torch.tensor(0.1), clip_c=0.5, capturable=capturable)
+
+    for capturable, compile_ in ((False, True), (True, False)):
+        _, opt = make(capturable)
+        assert compiled_step(opt, SimpleNamespace(compile=compile_)) == opt.step
+    assert seen == []
+    p, opt = make(True)
+    step = compiled_step(opt, SimpleNamespace(compile=True))
+    assert [kw["fullgraph"] for kw in seen] == [True]
+    step()
+    assert not torch.equal(p.detach(), torch.ones(4, 3))
