@@ -409,12 +409,12 @@ def test_the_muon_answer_pairs_each_rival_against_dmuon_and_names_what_is_pendin
     assert row_of(table, "| Spectra-Signum |").endswith("| Spectra-Signum lower |")
     assert row_of(table, "| SOAP |") == "| SOAP | – | lr being picked | – | |"
     # of the κs compared, the one that ends lowest: κ = 0.1 (level), not κ = 0.03 (+0.098)
-    assert row_of(table, "| D-Muon's soft clip").startswith("| D-Muon's soft clip, κ = 0.1 |")
+    assert row_of(table, "| D-Muon's soft clip").startswith("| D-Muon's soft clip (κ = 0.1) |")
     assert row_of(table, "| D-Muon + pre-clip") == (
         "| D-Muon + pre-clip | 0.001 | no case finished yet | – | |"
     )
     assert report.muon_answer_prose(tmp_path) == (
-        "D-Muon ends significantly lower than Spectra-AdamW; level with D-Muon's soft clip, "
-        "κ = 0.1 (no significant difference at n = 3); significantly higher than "
+        "D-Muon ends significantly lower than Spectra-AdamW; level with D-Muon's soft clip "
+        "(κ = 0.1), within the noise of three seeds; significantly higher than "
         "Spectra-Signum; 2 of the 5 comparisons are still running"
     )

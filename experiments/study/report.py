@@ -602,11 +602,11 @@ def muon_rivals(results: Path) -> tuple[float, dict[int, float], list[dict]]:
         _, lr, _ = soft_muon_pick(select, kappa)
         vals = soft_muon_compared(compare, kappa, lr) if lr else {}
         if sorted(vals) == [0, 1, 2]:
-            softs.append(row(f"D-Muon's soft clip, κ = {kappa:g}", lr, vals))
+            softs.append(row(f"D-Muon's soft clip (κ = {kappa:g})", lr, vals))
     best = min(softs, key=lambda r: statistics.fmean(r["vals"].values()), default=None)
     rows.append(best or row("D-Muon's soft clip", None, {}, "no κ compared yet"))
     preclip = load("dmuon-preclip", results)
-    pre = [row(f"D-Muon + pre-clip, {label}", ref_lr, per_seed(preclip, **point))
+    pre = [row(f"D-Muon + pre-clip ({label})", ref_lr, per_seed(preclip, **point))
            for label, point in DMUON_PRECLIP_CASES]  # fmt: skip
     done = [r for r in pre if r["d"] is not None]
     best = min(done, key=lambda r: statistics.fmean(r["vals"].values()), default=None)
@@ -639,15 +639,24 @@ def muon_answer_prose(results: Path) -> str:
     below = [r["label"] for r in done if r["d"]["sig"] and r["d"]["mean"] > 0]
     level = [r["label"] for r in done if not r["d"]["sig"]]
     above = [r["label"] for r in done if r["d"]["sig"] and r["d"]["mean"] < 0]
+
+    def listing(labels: list[str]) -> str:
+        return (
+            " and ".join(labels)
+            if len(labels) < 3
+            else ", ".join(labels[:-1]) + " and " + labels[-1]
+        )
+
     parts = []
     if below:
-        parts.append(f"D-Muon ends significantly lower than {', '.join(below)}")
+        parts.append(f"D-Muon ends significantly lower than {listing(below)}")
     if level:
-        parts.append(f"level with {', '.join(level)} (no significant difference at n = 3)")
+        parts.append(f"level with {listing(level)}, within the noise of three seeds")
     if above:
-        parts.append(f"significantly higher than {', '.join(above)}")
+        parts.append(f"significantly higher than {listing(above)}")
     pending = len(rivals) - len(done)
-    tail = f"; {pending} of the {len(rivals)} comparisons are still running" if pending else ""
+    verb = "is" if pending == 1 else "are"
+    tail = f"; {pending} of the {len(rivals)} comparisons {verb} still running" if pending else ""
     return ("; ".join(parts) or "no comparison has finished yet") + tail
 
 
