@@ -533,11 +533,16 @@ def soft_muon_table(select: dict | None, compare: dict | None, dmuon: dict[int, 
     return "\n".join(rows)
 
 
-def dmuon_best(results: Path = RESULTS) -> dict[int, float]:
-    """D-Muon at its best lr of the re-check, on the comparison seeds 0-2."""
+def dmuon_reference(results: Path = RESULTS) -> tuple[float, dict[int, float]]:
+    """D-Muon's best lr of the re-check and its losses there on the comparison seeds 0-2."""
     lr, _ = picked_lrs(load("recheck-lr", results), ("dmuon",))["dmuon"]
     sweeps = {s: load(s, results) for s in ("longer", "longer-lr", "recheck-compare")}
-    return compared_at("dmuon", lr, sweeps)
+    return lr, compared_at("dmuon", lr, sweeps)
+
+
+def dmuon_best(results: Path = RESULTS) -> dict[int, float]:
+    """D-Muon at its best lr of the re-check, on the comparison seeds 0-2."""
+    return dmuon_reference(results)[1]
 
 
 #: dmuon-preclip.yaml's cases, by row label
@@ -578,8 +583,7 @@ def muon_rivals(results: Path) -> tuple[float, dict[int, float], list[dict]]:
     D-Muon that does (of the three)."""
     recheck = load("recheck-lr", results)
     sweeps = {s: load(s, results) for s in ("longer", "longer-lr", "recheck-compare")}
-    ref_lr, _ = picked_lrs(recheck, ("dmuon",))["dmuon"]
-    ref = compared_at("dmuon", ref_lr, sweeps)
+    ref_lr, ref = dmuon_reference(results)
     if sorted(ref) != [0, 1, 2]:
         raise Missing(f"dmuon at lr {ref_lr:g} has not run on seeds 0-2")
 
@@ -603,15 +607,18 @@ def muon_rivals(results: Path) -> tuple[float, dict[int, float], list[dict]]:
         vals = soft_muon_compared(compare, kappa, lr) if lr else {}
         if sorted(vals) == [0, 1, 2]:
             softs.append(row(f"D-Muon's soft clip (κ = {kappa:g})", lr, vals))
-    best = min(softs, key=lambda r: statistics.fmean(r["vals"].values()), default=None)
-    rows.append(best or row("D-Muon's soft clip", None, {}, "no κ compared yet"))
+    rows.append(lowest(softs) or row("D-Muon's soft clip", None, {}, "no κ compared yet"))
     preclip = load("dmuon-preclip", results)
     pre = [row(f"D-Muon + pre-clip ({label})", ref_lr, per_seed(preclip, **point))
            for label, point in DMUON_PRECLIP_CASES]  # fmt: skip
     done = [r for r in pre if r["d"] is not None]
-    best = min(done, key=lambda r: statistics.fmean(r["vals"].values()), default=None)
-    rows.append(best or row("D-Muon + pre-clip", ref_lr, {}, "no case finished yet"))
+    rows.append(lowest(done) or row("D-Muon + pre-clip", ref_lr, {}, "no case finished yet"))
     return ref_lr, ref, rows
+
+
+def lowest(rows: list[dict]) -> dict | None:
+    """The row whose seeds end lowest on average (None for no rows)."""
+    return min(rows, key=lambda r: statistics.fmean(r["vals"].values()), default=None)
 
 
 def muon_table(results: Path) -> str:
@@ -641,11 +648,7 @@ def muon_answer_prose(results: Path) -> str:
     above = [r["label"] for r in done if r["d"]["sig"] and r["d"]["mean"] < 0]
 
     def listing(labels: list[str]) -> str:
-        return (
-            " and ".join(labels)
-            if len(labels) < 3
-            else ", ".join(labels[:-1]) + " and " + labels[-1]
-        )
+        return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
     parts = []
     if below:
