@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -263,3 +267,65 @@ def test_curves_png_keeps_every_point_inside_or_says_what_is_cut(start, cut, tmp
         assert top < max(values) and "off the top" in ax.get_title()
     else:
         assert top > max(values) and "off the top" not in ax.get_title()
+
+
+def train_steps(log: Path) -> list[int]:
+    records = (json.loads(line) for line in log.read_text().splitlines())
+    return [r["step"] for r in records if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize("sig, whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_signal_stops_the_sweep_at_a_checkpoint_and_the_same_command_goes_on(
+    tmp_path, dataset, sig, whole_group
+):
+    """SIGTERM to the sweep alone (``kill PID``) or Ctrl-C to its process group: the running run
+    writes a checkpoint, no other run starts, no process outlives the sweep, and the same
+    command then finishes every run, the stopped one resumed."""
+    steps = 2000  # the first run's: seconds, long enough for the signal to find it running
+    settings = base(dataset, steps=steps, eval_interval=steps, checkpoint_interval=steps)
+    cases = [{"lr": 1e-3}, {"lr": 2e-3, "steps": 20}]
+    grid = write_grid(tmp_path / "g.yaml", base=settings, cases=cases)
+    out = tmp_path / "out"
+    first, second = read_grid(grid, out)
+    args = ["sweep", str(grid), "--out", str(out), "--threads", "1", "--no-progress"]
+    entry = "import sys; from spectra_lab.cli import main; sys.exit(main())"
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", entry, *args],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = Path(first.config.out_dir) / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and log.stat().st_size) and sweep.poll() is None:
+        assert time.monotonic() < deadline, "the first run never logged a step"
+        time.sleep(0.02)
+    if whole_group:
+        os.killpg(sweep.pid, sig)
+    else:
+        sweep.send_signal(sig)
+    _, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 128 + sig, err
+    name = signal.Signals(sig).name
+    assert err.strip().splitlines()[-1] == (
+        f"spectra sweep: error: {name}: the sweep stopped (1 running run(s) stopped where they "
+        "resume, 1 not started); the same command goes on"
+    )
+    assert "failed" not in err
+    assert (status(first), status(second)) == ("partial", "new")
+    # no process of the sweep's group is left: its run did not go on training on its own
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.killpg(sweep.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a process of the sweep outlived it"
+        time.sleep(0.1)
+    stopped_at = max(train_steps(log))
+    assert 0 < stopped_at < steps
+
+    assert main(args) == 0
+    assert (status(first), status(second)) == ("done", "done")
+    assert train_steps(log) == list(range(1, steps + 1))  # each once: resumed, not restarted

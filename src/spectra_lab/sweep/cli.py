@@ -1,12 +1,17 @@
 """``spectra sweep GRID.yaml --out DIR``: every run of a grid, resumably, then the report.
 
-Runs go to a pool of ``--workers`` processes (each a fresh process per run, with
-``--threads`` torch threads). A run whose ``summary.json`` is there is skipped; one with a
-checkpoint resumes from it; the rest start afresh. The sweep can therefore be stopped at any
-point (Ctrl-C, or the machine going away) and started again with the same command. After
-each finished run the report (``results.json``, ``results.md``, ``curves.png``) is rewritten,
-so that it always shows what is done. A run that fails is reported and the others go on;
-the exit code is then 1.
+Runs go to ``--workers`` processes at a time (a fresh process per run, with ``--threads``
+torch threads). A run whose ``summary.json`` is there is skipped; one with a checkpoint resumes
+from it; the rest start afresh. The sweep can therefore be stopped at any point and started
+again with the same command. After each finished run the report (``results.json``,
+``results.md``, ``curves.png``) is rewritten, so that it always shows what is done. A run that
+fails is reported and the others go on; the exit code is then 1.
+
+SIGINT (Ctrl-C) or SIGTERM, sent to the sweep alone or to its whole process group, stops it:
+no further run starts, the sweep passes SIGTERM on to its running runs, which write a
+checkpoint at their next step boundary (``spectra_lab.train.signals``), and it waits for them,
+rewrites the report and ends in one line with exit code 128 + the signal's number. A second
+Ctrl-C ends the running runs at once, without a checkpoint.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ import io
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 from spectra.validate import check_int
-from spectra_lab.errors import CLIError
+from spectra_lab.errors import CLIError, UserError
 from spectra_lab.runs.layout import unwritable
 from spectra_lab.sweep.grid import Run, SweepError, check_unchanged, read_grid, status
 from spectra_lab.sweep.report import write_report
+from spectra_lab.train.signals import StopSignals
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,24 +77,41 @@ class Labelled(io.TextIOBase):
         self.stream.flush()
 
 
-def _train_one(cfg_dict: dict[str, Any], threads: int | None, name: str) -> tuple[str, str | None]:
-    """Worker: train one run (resuming where it can); ``(out_dir, error or None)``. Its
-    output lines start with ``[name]``."""
+class SweepStopped(UserError):
+    """A sweep stopped by a signal, its running runs at a checkpoint."""
+
+    def __init__(self, signum: int, stopped: int, waiting: int) -> None:
+        self.exit_code = 128 + signum  # the shell's status for a process the signal ended
+        super().__init__(
+            f"{signal.Signals(signum).name}: the sweep stopped ({stopped} running run(s) "
+            f"stopped where they resume, {waiting} not started); the same command goes on"
+        )
+
+
+def _train_one(
+    result: Connection, cfg_dict: dict[str, Any], threads: int | None, name: str
+) -> None:
+    """Worker: train one run (resuming where it can) and send how it ended: ``("done",
+    None)``, ``("stopped", message)`` (a signal, a checkpoint written) or ``("failed",
+    message)``. Its output lines start with ``[name]``."""
     import torch
 
     from spectra_lab.train.config import TrainConfig
+    from spectra_lab.train.signals import Interrupted
     from spectra_lab.train.trainer import train
 
     sys.stdout = Labelled(sys.__stdout__, f"[{name}] ")
     sys.stderr = Labelled(sys.__stderr__, f"[{name}] ")
     if threads is not None:
         torch.set_num_threads(threads)
-    cfg = TrainConfig(**cfg_dict)
     try:
-        train(cfg)
+        train(TrainConfig(**cfg_dict))
+        outcome: tuple[str, str | None] = ("done", None)
+    except Interrupted as exc:
+        outcome = ("stopped", str(exc))
     except Exception as exc:  # reported by the parent; the other runs go on
-        return cfg.out_dir, f"{type(exc).__name__}: {exc}"
-    return cfg.out_dir, None
+        outcome = ("failed", f"{type(exc).__name__}: {exc}")
+    result.send(outcome)
 
 
 def _prepared(run: Run) -> dict[str, Any]:
@@ -97,6 +123,35 @@ def _prepared(run: Run) -> dict[str, Any]:
     return cfg.to_dict()
 
 
+@dataclasses.dataclass
+class _Worker:
+    run: Run
+    process: BaseProcess
+    result: Connection
+
+
+def _start(ctx: Any, run: Run, threads: int | None) -> _Worker:
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_train_one, args=(send, _prepared(run), threads, run.name))
+    process.start()
+    send.close()  # the child holds the only sending end: its exit reads as EOF here
+    return _Worker(run, process, receive)
+
+
+def _outcome(worker: _Worker) -> tuple[str, str | None]:
+    """How the worker's run ended, once its process has."""
+    try:
+        outcome = worker.result.recv() if worker.result.poll() else None
+    except EOFError:
+        outcome = None
+    worker.process.join()
+    worker.result.close()
+    if outcome is not None:
+        return outcome
+    code = worker.process.exitcode
+    return "lost", f"its process ended (exit code {code}) before it could report"
+
+
 def run_sweep(
     runs: list[Run],
     out: Path,
@@ -106,11 +161,11 @@ def run_sweep(
     **report: Any,
 ) -> list[tuple[str, str]]:
     """Train every run not yet done; returns ``(name, error)`` for the runs that failed.
-    ``progress``: a bar of the runs done (a failed run is reported either way)."""
+    ``progress``: a bar of the runs done (a failed run is reported either way). A signal
+    stops it (the module docstring) with :class:`SweepStopped`."""
     from tqdm import tqdm
 
-    todo = [r for r in runs if status(r) != "done"]
-    by_dir = {r.config.out_dir: r for r in todo}
+    todo = deque(r for r in runs if status(r) != "done")
     failed: list[tuple[str, str]] = []
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="sweep", unit="run",
                disable=not progress)  # fmt: skip
@@ -118,20 +173,41 @@ def run_sweep(
     if env_threads is not None:  # the workers' BLAS pools start with this many threads
         os.environ.setdefault("OMP_NUM_THREADS", env_threads)
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=1) as pool:
-        pending = {pool.submit(_train_one, _prepared(r), threads, r.name) for r in todo}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                out_dir, error = fut.result()
-                run = by_dir[out_dir]
-                if error is not None:
-                    failed.append((run.name, error))
-                    bar.write(f"failed: {run.name}: {error}")
-                bar.update()
-                bar.set_postfix_str(run.name)
-                write_report(runs, out, **report)
+    active: list[_Worker] = []
+    forwarded, stopped = False, 0
+    what = "no further run starts; the running runs stop at their next step boundary"
+    with StopSignals(what) as stop:
+        try:
+            while active or (todo and stop.signum is None):
+                while todo and len(active) < workers and stop.signum is None:
+                    active.append(_start(ctx, todo.popleft(), threads))
+                if stop.signum is not None and not forwarded:
+                    for w in active:  # SIGTERM, not SIGINT: a second SIGINT means "at once"
+                        os.kill(w.process.pid, signal.SIGTERM)  # type: ignore[arg-type]
+                    forwarded = True
+                ended = set(wait([w.process.sentinel for w in active], timeout=0.5))
+                for w in [w for w in active if w.process.sentinel in ended]:
+                    active.remove(w)
+                    kind, message = _outcome(w)
+                    if kind == "done":
+                        bar.update()
+                        bar.set_postfix_str(w.run.name)
+                        write_report(runs, out, **report)
+                    elif kind in ("stopped", "lost") and stop.signum is not None:
+                        stopped += 1
+                    else:
+                        failed.append((w.run.name, message or kind))
+                        bar.write(f"failed: {w.run.name}: {message}")
+        finally:  # the second Ctrl-C, or an error here: no run outlives the sweep
+            for w in active:
+                w.process.kill()
+                w.process.join()
     bar.close()
+    if stop.signum is not None:
+        write_report(runs, out, **report)
+        for name, error in failed:
+            print(f"failed: {name}: {error}", file=sys.stderr)
+        raise SweepStopped(stop.signum, stopped, len(todo))
     return failed
 
 

@@ -44,7 +44,8 @@ class StopSignals:
     restores the previous handlers on exit.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "stopping after this step to write a checkpoint") -> None:
+        self.what = what  # what the first signal does, as its message says
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
@@ -65,8 +66,7 @@ class StopSignals:
         if self.signum is None and os.environ.get("RANK", "0") == "0":
             name = signal.Signals(signum).name
             print(
-                f"\n{name}: stopping after this step to write a checkpoint "
-                "(Ctrl-C again to stop at once, without one)",
+                f"\n{name}: {self.what} (Ctrl-C again to stop at once, without a checkpoint)",
                 file=sys.stderr,
                 flush=True,
             )
