@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -329,3 +330,24 @@ def test_a_signal_stops_the_sweep_at_a_checkpoint_and_the_same_command_goes_on(
     assert main(args) == 0
     assert (status(first), status(second)) == ("done", "done")
     assert train_steps(log) == list(range(1, steps + 1))  # each once: resumed, not restarted
+
+
+def test_a_second_sweep_on_the_same_out_stops_in_one_line(tmp_path, dataset, capsys):
+    """Two sweeps training into one directory would interleave their runs' files: the second
+    one stops before it trains, naming the first one's pid, and goes ahead once it is gone."""
+    grid = write_grid(tmp_path / "g.yaml", base=base(dataset), grid={"lr": [1e-3]})
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["sweep", str(grid), "--out", str(out), "--threads", "1", "--no-progress"]
+    with open(out / ".sweep.lock", "w") as first:  # what a running sweep holds
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        first.write("4242\n")
+        first.flush()
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"spectra sweep: error: --out {out}: another sweep (pid 4242) is ")
+        assert len(err.splitlines()) == 1
+        assert not (out / "runs").exists()  # nothing trained
+    assert main(args) == 0  # the first one gone (its lock with it), the sweep runs
+    (run,) = read_grid(grid, out)
+    assert status(run) == "done"

@@ -12,11 +12,16 @@ no further run starts, the sweep passes SIGTERM on to its running runs, which wr
 checkpoint at their next step boundary (``spectra_lab.train.signals``), and it waits for them,
 rewrites the report and ends in one line with exit code 128 + the signal's number. A second
 Ctrl-C ends the running runs at once, without a checkpoint.
+
+One sweep at a time trains into a directory: it holds ``DIR/.sweep.lock`` (an advisory
+``flock``, which the system releases when the process ends, however it ends), and a second
+sweep on the same directory stops at once with one line naming the first one's pid.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import multiprocessing as mp
@@ -25,10 +30,16 @@ import shutil
 import signal
 import sys
 from collections import deque
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, sweeps are not guarded
+    fcntl = None  # type: ignore[assignment]
 
 from spectra.validate import check_int
 from spectra_lab.errors import CLIError, UserError
@@ -211,6 +222,29 @@ def run_sweep(
     return failed
 
 
+@contextlib.contextmanager
+def holding_lock(out: Path) -> Iterator[IO[str] | None]:
+    """Hold ``out/.sweep.lock`` while the block runs, or stop with one line if another
+    process holds it."""
+    if fcntl is None:
+        yield None
+        return
+    with open(out / ".sweep.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise CLIError(
+                f"--out {out}: another sweep (pid {holder}) is training there; let it finish, "
+                "or stop it (Ctrl-C or kill) and run the same command again"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield handle  # the lock goes with the file's closing, or with the process
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         check_int("--workers", args.workers, low=1)
@@ -236,11 +270,11 @@ def run(args: argparse.Namespace) -> int:
     copy = out / "grid.yaml"
     if not copy.exists():  # the grid the results came from
         shutil.copyfile(args.grid, copy)
-    failed = (
-        []
-        if args.report_only
-        else run_sweep(runs, out, args.workers, args.threads, not args.no_progress, **report)
-    )
+    failed: list[tuple[str, str]] = []
+    if not args.report_only:
+        with holding_lock(out):
+            progress = not args.no_progress
+            failed = run_sweep(runs, out, args.workers, args.threads, progress, **report)
     write_report(runs, out, **report)
     print((out / "results.md").read_text(), end="")
     for name, error in failed:
