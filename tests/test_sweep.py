@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from spectra_lab.cli import main
-from spectra_lab.sweep.grid import SweepError, check_unchanged, read_grid, status
+from spectra_lab.sweep.grid import Run, SweepError, check_unchanged, read_grid, status
 from spectra_lab.sweep.report import aggregate
 from spectra_lab.train.trainer import train
 
@@ -275,20 +275,19 @@ def train_steps(log: Path) -> list[int]:
     return [r["step"] for r in records if r["kind"] == "train"]
 
 
-@pytest.mark.parametrize("sig, whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
-def test_a_signal_stops_the_sweep_at_a_checkpoint_and_the_same_command_goes_on(
-    tmp_path, dataset, sig, whole_group
-):
-    """SIGTERM to the sweep alone (``kill PID``) or Ctrl-C to its process group: the running run
-    writes a checkpoint, no other run starts, no process outlives the sweep, and the same
-    command then finishes every run, the stopped one resumed."""
-    steps = 2000  # the first run's: seconds, long enough for the signal to find it running
+def two_runs(tmp_path: Path, dataset: Path, steps: int) -> tuple[list[str], Run, Run]:
+    """The arguments of a sweep of two runs, the first of ``steps`` steps (seconds, long enough
+    to be caught running), the second of 20, and the two runs."""
     settings = base(dataset, steps=steps, eval_interval=steps, checkpoint_interval=steps)
     cases = [{"lr": 1e-3}, {"lr": 2e-3, "steps": 20}]
     grid = write_grid(tmp_path / "g.yaml", base=settings, cases=cases)
     out = tmp_path / "out"
     first, second = read_grid(grid, out)
-    args = ["sweep", str(grid), "--out", str(out), "--threads", "1", "--no-progress"]
+    return ["sweep", str(grid), "--out", str(out), "--threads", "1", "--no-progress"], first, second
+
+
+def start_once_running(args: list[str], run: Run) -> subprocess.Popen:
+    """``spectra <args>`` in a session of its own, returned once ``run`` has logged a step."""
     entry = "import sys; from spectra_lab.cli import main; sys.exit(main())"
     sweep = subprocess.Popen(
         [sys.executable, "-c", entry, *args],
@@ -297,11 +296,24 @@ def test_a_signal_stops_the_sweep_at_a_checkpoint_and_the_same_command_goes_on(
         stderr=subprocess.PIPE,
         text=True,
     )
-    log = Path(first.config.out_dir) / "metrics.jsonl"
+    log = Path(run.config.out_dir) / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (log.exists() and log.stat().st_size) and sweep.poll() is None:
-        assert time.monotonic() < deadline, "the first run never logged a step"
+        assert time.monotonic() < deadline, f"{run.name} never logged a step"
         time.sleep(0.02)
+    return sweep
+
+
+@pytest.mark.parametrize("sig, whole_group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_signal_stops_the_sweep_at_a_checkpoint_and_the_same_command_goes_on(
+    tmp_path, dataset, sig, whole_group
+):
+    """SIGTERM to the sweep alone (``kill PID``) or Ctrl-C to its process group: the running run
+    writes a checkpoint, no other run starts, no process outlives the sweep, and the same
+    command then finishes every run, the stopped one resumed."""
+    steps = 2000
+    args, first, second = two_runs(tmp_path, dataset, steps)
+    sweep = start_once_running(args, first)
     if whole_group:
         os.killpg(sweep.pid, sig)
     else:
@@ -324,12 +336,32 @@ def test_a_signal_stops_the_sweep_at_a_checkpoint_and_the_same_command_goes_on(
             break
         assert time.monotonic() < deadline, "a process of the sweep outlived it"
         time.sleep(0.1)
+    log = Path(first.config.out_dir) / "metrics.jsonl"
     stopped_at = max(train_steps(log))
     assert 0 < stopped_at < steps
 
     assert main(args) == 0
     assert (status(first), status(second)) == ("done", "done")
     assert train_steps(log) == list(range(1, steps + 1))  # each once: resumed, not restarted
+
+
+def test_a_run_whose_process_dies_is_reported_and_the_others_go_on(tmp_path, dataset):
+    """A run's process killed outright (SIGKILL, as the out-of-memory killer sends) cannot
+    report how it ended: the sweep names it as failed with its exit code, trains the next run
+    and ends with status 1."""
+    args, first, second = two_runs(tmp_path, dataset, steps=2000)
+    sweep = start_once_running(args, first)
+    children = Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()
+    (worker,) = [
+        int(pid)
+        for pid in children
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()  # not the resource tracker
+    ]
+    os.kill(worker, signal.SIGKILL)
+    _, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 1, err
+    assert f"failed: {first.name}: its process ended (exit code -9) before it could report" in err
+    assert status(second) == "done"
 
 
 def test_a_second_sweep_on_the_same_out_stops_in_one_line(tmp_path, dataset, capsys):
