@@ -374,6 +374,38 @@ def test_soft_muon_and_dmuon_preclip_tables_pair_against_dmuon(report):
     assert row_of(table, "| adaptive, κ = 2 |").endswith("| no difference |")
 
 
+def test_the_soft_muon_verdict_sorts_the_compared_kappas_and_counts_the_rest(report):
+    def soft(kappa, lr, losses):
+        return ({"optimizer": "dmuon", "optimizer_kwargs": {"soft_kappa": kappa}, "lr": lr},
+                losses, None)  # fmt: skip
+
+    level = {s: v + 0.001 * (-1) ** s for s, v in A.items()}  # Δ ±0.001: no difference
+    below = {s: v - 0.2 for s, v in A.items()}
+    lr = report.SOFT_LRS[1]
+    select = sweep(*[soft(k, x, {3: 4.0 + abs(x - lr)}) for k in report.SOFT_KAPPAS
+                     for x in report.SOFT_LRS])  # fmt: skip
+    # κ = 0.03 level, 0.1 and 0.3 above D-Muon (Δ = B − A > 0), 1 and 3 not compared yet
+    compare = sweep(soft(0.03, lr, level), soft(0.1, lr, B), soft(0.3, lr, B))
+    assert report.soft_muon_prose(select, compare, A) == (
+        "D-Muon ends significantly lower than κ = 0.1 and 0.3; level with κ = 0.03; "
+        "2 of the 5 κs still running"
+    )
+    # every κ compared, none lower than D-Muon: the sentence says so
+    done = sweep(soft(0.03, lr, level), *[soft(k, lr, B) for k in report.SOFT_KAPPAS[1:]])
+    assert report.soft_muon_prose(select, done, A) == (
+        "D-Muon ends significantly lower than κ = 0.1, 0.3, 1 and 3; level with κ = 0.03; "
+        "no κ ends significantly lower than D-Muon"
+    )
+    # one κ lower than D-Muon: named, and no claim that none is
+    some = sweep(soft(0.03, lr, below), *[soft(k, lr, B) for k in report.SOFT_KAPPAS[1:]])
+    assert report.soft_muon_prose(select, some, A) == (
+        "D-Muon ends significantly lower than κ = 0.1, 0.3, 1 and 3; "
+        "significantly higher than κ = 0.03"
+    )
+    nothing = report.soft_muon_prose(select, None, A)
+    assert nothing == "no κ compared yet; 5 of the 5 κs still running"
+
+
 def test_dmuon_preclip_rows_fill_in_case_by_case(report):
     table = report.dmuon_preclip_table(sweep(({"pre_clip_kappa": 1.0}, {0: 4.0}, None)), A)
     assert row_of(table, "| adaptive, κ = 1 |") == "| adaptive, κ = 1 | 1 of 3 seeds run | – | |"

@@ -533,6 +533,37 @@ def soft_muon_table(select: dict | None, compare: dict | None, dmuon: dict[int, 
     return "\n".join(rows)
 
 
+def soft_muon_prose(select: dict | None, compare: dict | None, dmuon: dict[int, float]) -> str:
+    """The soft-Muon axis in a sentence: the κs D-Muon ends significantly lower than, level
+    with and higher than (each at its picked lr, paired on seeds 0-2), and how many are pending."""
+    by: dict[str, list[str]] = {"lower": [], "level": [], "higher": []}
+    for kappa in SOFT_KAPPAS:
+        _, lr, _ = soft_muon_pick(select, kappa)
+        vals = soft_muon_compared(compare, kappa, lr) if lr else {}
+        if sorted(vals) != [0, 1, 2]:
+            continue
+        d = paired(dmuon, vals)
+        key = "level" if not d["sig"] else ("lower" if d["mean"] > 0 else "higher")
+        by[key].append(f"{kappa:g}")
+
+    def kappas(values: list[str]) -> str:
+        listed = values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+        return f"κ = {listed}"
+
+    parts = []
+    if by["lower"]:
+        parts.append(f"D-Muon ends significantly lower than {kappas(by['lower'])}")
+    if by["level"]:
+        parts.append(f"level with {kappas(by['level'])}")
+    if by["higher"]:
+        parts.append(f"significantly higher than {kappas(by['higher'])}")
+    pending = len(SOFT_KAPPAS) - sum(len(v) for v in by.values())
+    if not pending and not by["higher"]:
+        parts.append("no κ ends significantly lower than D-Muon")
+    tail = f"; {pending} of the {len(SOFT_KAPPAS)} κs still running" if pending else ""
+    return ("; ".join(parts) or "no κ compared yet") + tail
+
+
 def dmuon_reference(results: Path = RESULTS) -> tuple[float, dict[int, float]]:
     """D-Muon's best lr of the re-check and its losses there on the comparison seeds 0-2."""
     lr, _ = picked_lrs(load("recheck-lr", results), ("dmuon",))["dmuon"]
@@ -1487,6 +1518,9 @@ def blocks_of(results: Path, data: Path) -> tuple[dict, dict, dict]:
             {s: load(s, results) for s in ("longer", "longer-lr", "recheck-compare")},
         ),
         "soft-muon": lambda: soft_muon_table(
+            load("soft-muon-lr", results), load("soft-muon", results), dmuon_best(results)
+        ),
+        "soft-muon-verdict": lambda: soft_muon_prose(
             load("soft-muon-lr", results), load("soft-muon", results), dmuon_best(results)
         ),
         "dmuon-preclip": lambda: dmuon_preclip_table(
