@@ -17,6 +17,7 @@ measure a CPU without bf16 units' path on one that has them::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -25,6 +26,11 @@ import torch
 from spectra_lab.bench.step import _Run, _step, build
 from spectra_lab.files import write_json_atomic
 from spectra_lab.machine import device_about
+
+#: The environment variables that hold the libraries to an older instruction set, and the one
+#: that picks the operators' bf16 path; the JSON records those set.
+ISA_ENV = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+           "SPECTRA_CPU_BF16_UNITS")  # fmt: skip
 
 
 def make_run(label: str, optimizer: str, kwargs: dict, batch_size: int, steps: int) -> _Run:
@@ -91,8 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     from spectra_lab.bench.ops import matmul_rate
 
     report = {
-        "command": "python experiments/clip_method_step.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(
+            [
+                *(f"{k}={os.environ[k]}" for k in ISA_ENV if k in os.environ),
+                "python experiments/clip_method_step.py",
+                *sys.argv[1:],
+            ]
+        ),
         "cpu_flags": cpu_flags(),
+        # what the run let the libraries use: ATen's kernels and MKL's and oneDNN's dispatch
+        # can be held to AVX2 on a newer CPU (the ISA of a CPU without bf16 units)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "isa_limits": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
         # the float32 product rate: what a matmul-only clip's cost follows from CPU to CPU
         "fp32_gflops": matmul_rate(torch.float32, device) / 1e9,
         **device_about("cpu"),
