@@ -117,6 +117,11 @@ COMMANDS: dict[str, str] = {
     "main_job_clip_step_no_bf16": NO_BF16
     + "python experiments/clip_method_step.py --methods auto/32 auto mixed --steps 15 "
     "--warmup 3 --json docs/data/main_job_clip_step_no_bf16.json",
+    "main_job_clip_step_avx2": "MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "
+    "ATEN_CPU_CAPABILITY=avx2 "
+    + NO_BF16
+    + "python experiments/clip_method_step.py --methods auto mixed polar --steps 15 "
+    "--warmup 3 --json docs/data/main_job_clip_step_avx2.json",
     "operator_errors_spiked": "python experiments/operator_errors.py --json "
     "docs/data/operator_errors_spiked.json",
     "mixed_error_spiked": "python experiments/mixed_error_sweep.py --spiked --json "

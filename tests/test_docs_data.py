@@ -190,7 +190,8 @@ def test_memory_claims_hold_on_the_stored_runs():
 def test_the_runs_of_the_path_without_bf16_units_took_it():
     # the pages quote these for a CPU without bf16 units: each took that path on purpose
     names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
-             "bench_ssc_vs_orth_cpu", "main_job_clip_step_no_bf16")  # fmt: skip
+             "bench_ssc_vs_orth_cpu", "main_job_clip_step_no_bf16",
+             "main_job_clip_step_avx2")  # fmt: skip
     for name in names:
         assert data(f"docs/data/{name}.json")["cpu_bf16"].startswith("emulated"), name
 
@@ -327,6 +328,36 @@ def test_operators_page_native_bf16_tables_are_the_stored_runs():
     }
     for m, r in optim.items():
         assert_quoted(f"| `{m}` | {r['step_s']:.3f} |", "docs/operators.md")
+
+
+def test_the_main_jobs_clip_held_to_avx2_is_the_stored_run():
+    run = data("docs/data/main_job_clip_step_avx2.json")
+    # the libraries were held to AVX2 and the operators took the path without bf16 units
+    assert run["isa_limits"] == {
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "SPECTRA_CPU_BF16_UNITS": "0",
+    }
+    assert run["cpu_capability"] == "AVX2" and run["command"].startswith("MKL_ENABLE_INSTRUCTIONS=")
+    rows = {r["row"]: r for r in run["rows"]}
+    assert list(rows) == ["adamw", "spectra-adamw auto", "spectra-adamw mixed",
+                          "spectra-adamw polar"]  # fmt: skip
+    twin = rows["adamw"]
+    for key, r in rows.items():
+        line = (f"| {r['total_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['ratio_by_steps']:.3f} "
+                f"| {r['ratio_by_optimizer_time']:.3f} |")  # fmt: skip
+        assert_quoted(line, "docs/operators.md")
+        assert r["ratio_by_steps"] == r["total_ms"] / twin["total_ms"], key
+        by_opt = 1 + (r["optimizer_ms"] - twin["optimizer_ms"]) / twin["total_ms"]
+        assert abs(r["ratio_by_optimizer_time"] - by_opt) < 1e-12, key
+    # the page's reading of it: mixed at the target by optimizer time, eigh above it
+    mixed, eigh = rows["spectra-adamw mixed"], rows["spectra-adamw auto"]
+    assert round(mixed["ratio_by_optimizer_time"], 2) <= 1.05 < eigh["ratio_by_optimizer_time"]
+    assert_quoted(f"float32 products ran at {run['fp32_gflops']:.0f} GFLOP/s", "docs/operators.md")
+    # "as fast as unrestricted": within 10% of the rate of the run without the ISA limits
+    unrestricted = data("docs/data/main_job_clip_step_no_bf16.json")["fp32_gflops"]
+    assert run["fp32_gflops"] >= 0.9 * unrestricted
 
 
 def test_the_main_jobs_clip_on_the_path_without_bf16_units_is_the_stored_run():

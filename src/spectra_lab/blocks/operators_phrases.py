@@ -295,18 +295,40 @@ def split_cost(root: Path) -> str:
     )
 
 
+def _clip_step_table(root: Path, name: str, labels: dict[str, str]) -> str:
+    """The rows of an ``experiments/clip_method_step.py`` run (``docs/data/NAME.json``)."""
+    stored = json_of(root, f"docs/data/{name}.json")["rows"]
+    rows = [[labels[r["row"]], f"{r['total_ms']:.1f}", f"{r['optimizer_ms']:.1f}",
+             f"{r['ratio_by_steps']:.3f}", f"{r['ratio_by_optimizer_time']:.3f}"]
+            for r in stored]  # fmt: skip
+    head = ["row", "step (ms)", "optimizer step (ms)", "× twin", "× twin by optimizer time"]
+    return table(head, rows, "lrrrr")
+
+
 def no_bf16_table(root: Path) -> str:
     """The clip without bf16 units by batch floor (``main_job_clip_step_no_bf16.json``)."""
     labels = {"adamw": "AdamW twin",
               "spectra-adamw auto/32": "`eigh`, batches of 1/32 (before the floor)",
               "spectra-adamw auto": "`eigh` (the default), batches of at least 2¹⁸ elements",
               "spectra-adamw mixed": "`mixed`"}  # fmt: skip
-    stored = json_of(root, "docs/data/main_job_clip_step_no_bf16.json")["rows"]
-    rows = [[labels[r["row"]], f"{r['total_ms']:.1f}", f"{r['optimizer_ms']:.1f}",
-             f"{r['ratio_by_steps']:.3f}", f"{r['ratio_by_optimizer_time']:.3f}"]
-            for r in stored]  # fmt: skip
-    head = ["row", "step (ms)", "optimizer step (ms)", "× twin", "× twin by optimizer time"]
-    return table(head, rows, "lrrrr")
+    return _clip_step_table(root, "main_job_clip_step_no_bf16", labels)
+
+
+def avx2_table(root: Path) -> str:
+    """The clip methods with the libraries held to AVX2 (``main_job_clip_step_avx2.json``)."""
+    labels = {"adamw": "AdamW twin", "spectra-adamw auto": "`eigh` (the default)",
+              "spectra-adamw mixed": "`mixed`", "spectra-adamw polar": "`polar`"}  # fmt: skip
+    return _clip_step_table(root, "main_job_clip_step_avx2", labels)
+
+
+def avx2_setting(root: Path) -> str:
+    """What the AVX2 run held the libraries to, and its float32 rate."""
+    run = json_of(root, "docs/data/main_job_clip_step_avx2.json")
+    limits = " ".join(f"`{k}={v}`" for k, v in run["isa_limits"].items())
+    return (
+        f"{limits} (torch reports its CPU capability as `{run['cpu_capability']}`); "
+        f"float32 products ran at {run['fp32_gflops']:.0f} GFLOP/s"
+    )
 
 
 def no_bf16_floor(root: Path) -> str:
@@ -541,6 +563,8 @@ OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
     "data:operators-no-bf16-table": no_bf16_table,
     "data:operators-no-bf16-floor": no_bf16_floor,
     "data:operators-no-bf16-rate": no_bf16_rate,
+    "data:operators-avx2-table": avx2_table,
+    "data:operators-avx2-setting": avx2_setting,
     "data:operators-model-assumptions": model_assumptions,
     "data:operators-split-peak-gain": split_peak_gain,
     "data:operators-model-mixed": model_mixed,
