@@ -406,6 +406,28 @@ def test_the_soft_muon_verdict_sorts_the_compared_kappas_and_counts_the_rest(rep
     assert nothing == "no κ compared yet; 5 of the 5 κs still running"
 
 
+def test_dmuon_with_bf16_newton_schulz_pairs_against_the_float32_runs(report):
+    bf16 = sweep(({}, B, None))
+    table = report.dmuon_bf16_table(bf16, A)
+    assert row_of(table, "| float32").endswith("| (reference) | |")
+    assert row_of(table, "| bf16").endswith(f"| {UP} | float32 lower |")
+    assert report.dmuon_bf16_prose(bf16, A) == (
+        f"with bf16 Newton–Schulz at the same lr it ends at {report.mean_std(B)}, "
+        f"Δ = {UP} against float32: float32 lower"
+    )
+    level = sweep(({}, {s: v + 0.001 * (-1) ** s for s, v in A.items()}, None))
+    assert report.dmuon_bf16_prose(level, A).endswith(": no difference within three seeds")
+    partial = sweep(({}, {0: 4.0}, None))
+    assert row_of(report.dmuon_bf16_table(partial, A), "| bf16").endswith(
+        "| 1 of 3 seeds run | – | |"
+    )
+    assert report.dmuon_bf16_prose(partial, A) == (
+        "its bf16 iteration is still running (1 of 3 seeds)"
+    )
+    with pytest.raises(report.Missing, match="dmuon-bf16 has not run"):
+        report.dmuon_bf16_table(None, A)
+
+
 def test_dmuon_preclip_rows_fill_in_case_by_case(report):
     table = report.dmuon_preclip_table(sweep(({"pre_clip_kappa": 1.0}, {0: 4.0}, None)), A)
     assert row_of(table, "| adaptive, κ = 1 |") == "| adaptive, κ = 1 | 1 of 3 seeds run | – | |"

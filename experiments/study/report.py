@@ -601,6 +601,39 @@ def dmuon_preclip_table(preclip: dict | None, dmuon: dict[int, float]) -> str:
     return "\n".join(rows)
 
 
+def dmuon_bf16_table(bf16: dict | None, dmuon: dict[int, float]) -> str:
+    """D-Muon with bf16 Newton–Schulz (dmuon-bf16.yaml) against the study's float32 iteration at
+    the same lr, paired; while it runs, a row that says how many seeds have finished."""
+    if bf16 is None:
+        raise Missing("dmuon-bf16 has not run")
+    rows = ["| Newton–Schulz | final val loss, seeds 0-2 | Δ = loss − float32's (paired) | "
+            "verdict |", "|---|---|---|---|",
+            f"| float32 (the study's D-Muon) | {mean_std(dmuon)} | (reference) | |"]  # fmt: skip
+    vals = per_seed(bf16)  # every run of the sweep is one: bf16 at 5e-3
+    if sorted(vals) != [0, 1, 2]:
+        rows.append(f"| bf16 (torch's Muon, D-Muon's default) | {len(vals)} of 3 seeds run | – | |")
+    else:
+        d = paired(dmuon, vals)
+        rows.append(f"| bf16 (torch's Muon, D-Muon's default) | {mean_std(vals)} | {fmt_diff(d)} | "
+                    f"{difference(d, 'float32 lower', 'bf16 lower')} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def dmuon_bf16_prose(bf16: dict | None, dmuon: dict[int, float]) -> str:
+    """The bf16 Newton–Schulz check in a phrase, for the cautions."""
+    vals = per_seed(bf16)
+    if sorted(vals) != [0, 1, 2]:
+        return f"its bf16 iteration is still running ({len(vals)} of 3 seeds)"
+    d = paired(dmuon, vals)
+    verdict = difference(d, "float32 lower", "bf16 lower")
+    if verdict == "no difference":
+        verdict = "no difference within three seeds"
+    return (
+        f"with bf16 Newton–Schulz at the same lr it ends at {mean_std(vals)}, "
+        f"Δ = {fmt_diff(d)} against float32: {verdict}"
+    )
+
+
 #: the re-check's SPECTRA variants and SOAP, by the name the answer table gives them
 MUON_RIVALS = {"spectra-adamw": "Spectra-AdamW", "spectra-signum": "Spectra-Signum",
                "soap": "SOAP"}  # fmt: skip
@@ -1525,6 +1558,10 @@ def blocks_of(results: Path, data: Path) -> tuple[dict, dict, dict]:
         ),
         "dmuon-preclip": lambda: dmuon_preclip_table(
             load("dmuon-preclip", results), dmuon_best(results)
+        ),
+        "dmuon-bf16": lambda: dmuon_bf16_table(load("dmuon-bf16", results), dmuon_best(results)),
+        "dmuon-bf16-verdict": lambda: dmuon_bf16_prose(
+            load("dmuon-bf16", results), dmuon_best(results)
         ),
         "muon": lambda: muon_table(results),
         "muon-answer": lambda: muon_answer_prose(results),
