@@ -96,19 +96,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ratio_by_optimizer_time']:.3f})", flush=True)  # fmt: skip
     from spectra_lab.bench.ops import matmul_rate
 
+    limits = {k: os.environ[k] for k in ISA_ENV if k in os.environ}
+    command = [*(f"{k}={v}" for k, v in limits.items()), "python experiments/clip_method_step.py"]
     report = {
-        "command": " ".join(
-            [
-                *(f"{k}={os.environ[k]}" for k in ISA_ENV if k in os.environ),
-                "python experiments/clip_method_step.py",
-                *sys.argv[1:],
-            ]
-        ),
+        "command": " ".join([*command, *sys.argv[1:]]),
         "cpu_flags": cpu_flags(),
         # what the run let the libraries use: ATen's kernels and MKL's and oneDNN's dispatch
         # can be held to AVX2 on a newer CPU (the ISA of a CPU without bf16 units)
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "isa_limits": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
+        "isa_limits": limits,
         # the float32 product rate: what a matmul-only clip's cost follows from CPU to CPU
         "fp32_gflops": matmul_rate(torch.float32, device) / 1e9,
         **device_about("cpu"),

@@ -533,13 +533,23 @@ def soft_muon_table(select: dict | None, compare: dict | None, dmuon: dict[int, 
     return "\n".join(rows)
 
 
+def listing(labels: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def soft_muon_final(select: dict | None, compare: dict | None, kappa: float) -> tuple:
+    """κ's picked lr (None while being picked) and its final losses on seeds 0-2 there."""
+    _, lr, _ = soft_muon_pick(select, kappa)
+    return lr, (soft_muon_compared(compare, kappa, lr) if lr else {})
+
+
 def soft_muon_prose(select: dict | None, compare: dict | None, dmuon: dict[int, float]) -> str:
     """The soft-Muon axis in a sentence: the κs D-Muon ends significantly lower than, level
     with and higher than (each at its picked lr, paired on seeds 0-2), and how many are pending."""
     by: dict[str, list[str]] = {"lower": [], "level": [], "higher": []}
     for kappa in SOFT_KAPPAS:
-        _, lr, _ = soft_muon_pick(select, kappa)
-        vals = soft_muon_compared(compare, kappa, lr) if lr else {}
+        vals = soft_muon_final(select, compare, kappa)[1]
         if sorted(vals) != [0, 1, 2]:
             continue
         d = paired(dmuon, vals)
@@ -547,8 +557,7 @@ def soft_muon_prose(select: dict | None, compare: dict | None, dmuon: dict[int, 
         by[key].append(f"{kappa:g}")
 
     def kappas(values: list[str]) -> str:
-        listed = values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
-        return f"κ = {listed}"
+        return f"κ = {listing(values)}"
 
     parts = []
     if by["lower"]:
@@ -601,6 +610,16 @@ def dmuon_preclip_table(preclip: dict | None, dmuon: dict[int, float]) -> str:
     return "\n".join(rows)
 
 
+#: the row label of dmuon-bf16.yaml's runs (all of them: bf16 Newton–Schulz at D-Muon's lr)
+DMUON_BF16_LABEL = "bf16 (torch's Muon, D-Muon's default)"
+
+
+def dmuon_bf16_compared(bf16: dict | None, dmuon: dict[int, float]) -> tuple[dict, dict | None]:
+    """dmuon-bf16.yaml's final losses by seed, and Δ against float32 (None until seeds 0-2)."""
+    vals = per_seed(bf16)
+    return vals, (paired(dmuon, vals) if sorted(vals) == [0, 1, 2] else None)
+
+
 def dmuon_bf16_table(bf16: dict | None, dmuon: dict[int, float]) -> str:
     """D-Muon with bf16 Newton–Schulz (dmuon-bf16.yaml) against the study's float32 iteration at
     the same lr, paired; while it runs, a row that says how many seeds have finished."""
@@ -609,22 +628,20 @@ def dmuon_bf16_table(bf16: dict | None, dmuon: dict[int, float]) -> str:
     rows = ["| Newton–Schulz | final val loss, seeds 0-2 | Δ = loss − float32's (paired) | "
             "verdict |", "|---|---|---|---|",
             f"| float32 (the study's D-Muon) | {mean_std(dmuon)} | (reference) | |"]  # fmt: skip
-    vals = per_seed(bf16)  # every run of the sweep is one: bf16 at 5e-3
-    if sorted(vals) != [0, 1, 2]:
-        rows.append(f"| bf16 (torch's Muon, D-Muon's default) | {len(vals)} of 3 seeds run | – | |")
+    vals, d = dmuon_bf16_compared(bf16, dmuon)
+    if d is None:
+        rows.append(f"| {DMUON_BF16_LABEL} | {len(vals)} of 3 seeds run | – | |")
     else:
-        d = paired(dmuon, vals)
-        rows.append(f"| bf16 (torch's Muon, D-Muon's default) | {mean_std(vals)} | {fmt_diff(d)} | "
+        rows.append(f"| {DMUON_BF16_LABEL} | {mean_std(vals)} | {fmt_diff(d)} | "
                     f"{difference(d, 'float32 lower', 'bf16 lower')} |")  # fmt: skip
     return "\n".join(rows)
 
 
 def dmuon_bf16_prose(bf16: dict | None, dmuon: dict[int, float]) -> str:
     """The bf16 Newton–Schulz check in a phrase, for the cautions."""
-    vals = per_seed(bf16)
-    if sorted(vals) != [0, 1, 2]:
+    vals, d = dmuon_bf16_compared(bf16, dmuon)
+    if d is None:
         return f"its bf16 iteration is still running ({len(vals)} of 3 seeds)"
-    d = paired(dmuon, vals)
     verdict = difference(d, "float32 lower", "bf16 lower")
     if verdict == "no difference":
         verdict = "no difference within three seeds"
@@ -667,8 +684,7 @@ def muon_rivals(results: Path) -> tuple[float, dict[int, float], list[dict]]:
     select, compare = load("soft-muon-lr", results), load("soft-muon", results)
     softs = []
     for kappa in SOFT_KAPPAS:
-        _, lr, _ = soft_muon_pick(select, kappa)
-        vals = soft_muon_compared(compare, kappa, lr) if lr else {}
+        lr, vals = soft_muon_final(select, compare, kappa)
         if sorted(vals) == [0, 1, 2]:
             softs.append(row(f"D-Muon's soft clip (κ = {kappa:g})", lr, vals))
     rows.append(lowest(softs) or row("D-Muon's soft clip", None, {}, "no κ compared yet"))
@@ -710,9 +726,6 @@ def muon_answer_prose(results: Path) -> str:
     below = [r["label"] for r in done if r["d"]["sig"] and r["d"]["mean"] > 0]
     level = [r["label"] for r in done if not r["d"]["sig"]]
     above = [r["label"] for r in done if r["d"]["sig"] and r["d"]["mean"] < 0]
-
-    def listing(labels: list[str]) -> str:
-        return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
     parts = []
     if below:
