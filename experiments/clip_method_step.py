@@ -11,7 +11,8 @@ by optimizer time (``1 + (t_opt − t_opt,twin)/t_step,twin``). The CPU's bf16 p
 measure a CPU without bf16 units' path on one that has them::
 
     SPECTRA_CPU_BF16_UNITS=0 PYTHONPATH=src python experiments/clip_method_step.py \\
-        --methods auto/32 auto mixed --steps 15 --json docs/data/main_job_clip_step_no_bf16.json
+        --methods eigh/32 eigh mixed auto --steps 15 \\
+        --json docs/data/main_job_clip_step_no_bf16.json
 """
 
 from __future__ import annotations

@@ -115,12 +115,12 @@ COMMANDS: dict[str, str] = {
     "bench_memory_cpu_small": "spectra bench memory --preset cpu-small --json "
     "docs/data/bench_memory_cpu_small.json",
     "main_job_clip_step_no_bf16": NO_BF16
-    + "python experiments/clip_method_step.py --methods auto/32 auto mixed --steps 15 "
+    + "python experiments/clip_method_step.py --methods eigh/32 eigh mixed auto --steps 15 "
     "--warmup 3 --json docs/data/main_job_clip_step_no_bf16.json",
     "main_job_clip_step_avx2": "MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "
     "ATEN_CPU_CAPABILITY=avx2 "
     + NO_BF16
-    + "python experiments/clip_method_step.py --methods auto mixed polar --steps 15 "
+    + "python experiments/clip_method_step.py --methods auto eigh mixed polar --steps 15 "
     "--warmup 3 --json docs/data/main_job_clip_step_avx2.json",
     "operator_errors_spiked": "python experiments/operator_errors.py --json "
     "docs/data/operator_errors_spiked.json",

@@ -95,7 +95,7 @@ def test_soft_clip_auto_matches_float64_svd_for_any_shape_scale_and_dtype(data):
     assert rel_err(Y, soft_ref(X, c)) <= 1e-2
 
 
-@pytest.mark.parametrize("method", ["polar", "mixed"])
+@pytest.mark.parametrize("method", ["polar", "mixed", "chebyshev"])
 @SETTINGS
 @given(data=matrices())
 def test_soft_clip_matmul_methods_match_float64_svd_for_any_shape_scale_and_dtype(method, data):

@@ -714,17 +714,18 @@ def test_batched_apply_runs_cpu_batches_on_threads_of_one_intra_op_thread_each()
 def test_the_exact_clip_of_small_matrices_runs_side_by_side_within_1e_2_of_float64_svd(
     monkeypatch,
 ):
-    # The main job's shapes on a CPU without bf16 units (where "auto" is "eigh"): with the
-    # batch floor the 192-row Gram matrices run in batches of three on the two threads
-    # instead of one at a time on the caller's, and every result stays at the exact method's
-    # error on the stress inputs (Adam-like, sign and Gaussian directions, spikes to 1e3·c)
+    # The main job's shapes by the exact method on a CPU without bf16 units (where "auto" is
+    # "chebyshev", which hands a matrix to "eigh" beyond σ_max ≈ 5c): with the batch floor the
+    # 192-row Gram matrices run in batches of three on the two threads instead of one at a time
+    # on the caller's, and every result stays at the exact method's error on the stress inputs
+    # (Adam-like, sign and Gaussian directions, spikes to 1e3·c)
     import threading
 
     from spectra.ops import _common, batched_apply_, methods, soft_clip
     from spectra_lab.bench.matrices import spiked
 
     monkeypatch.setattr(_common, "CPU_HAS_BF16_UNITS", False)
-    assert methods.default_method("soft_clip", torch.device("cpu"), torch.float32) == "eigh"
+    assert methods.default_method("soft_clip", torch.device("cpu"), torch.float32) == "chebyshev"
     c = 0.5
     cases = [
         ((192, 192), "adam", 1.0),
@@ -747,7 +748,7 @@ def test_the_exact_clip_of_small_matrices_runs_side_by_side_within_1e_2_of_float
 
     def op(X):
         seen.append((threading.get_ident(), torch.get_num_threads(), X.shape[0]))
-        return soft_clip(X, c)
+        return soft_clip(X, c, method="eigh")
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

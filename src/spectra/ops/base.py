@@ -67,6 +67,9 @@ class Operator:
             as the host read of the two-phase methods); otherwise the caller checks first.
         capturable: ``apply`` with ``options.capturable`` reads nothing on the host (a
             non-finite input then gives a non-finite result instead of an error).
+        products_only: ``apply`` runs matrix products and elementwise work only (no LAPACK
+            call), as the two-phase methods do: :func:`~spectra.ops.batched_apply_` runs its
+            batches one after another, with the intra-op threads (see :attr:`matmul_only`).
     """
 
     apply: Apply
@@ -77,12 +80,19 @@ class Operator:
     end: Callable[[Tensor, float, Options, Any, Sequence[float]], Tensor] | None = None
     checks_finite: bool = False
     capturable: bool = False
+    products_only: bool = False
 
     @property
     def two_phase(self) -> bool:
         """Whether the method runs in two halves around one host read (matmul-only methods
         that read their α; they run fastest on large batches)."""
         return self.begin is not None
+
+    @property
+    def matmul_only(self) -> bool:
+        """Whether the method runs matrix products only: the two-phase methods and those marked
+        ``products_only``."""
+        return self.two_phase or self.products_only
 
 
 @dataclass(frozen=True)

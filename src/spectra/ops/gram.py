@@ -12,6 +12,8 @@ applies ``K`` to its own columns (:mod:`spectra.optim.distributed`, the Gram rou
   iteration as the single-process call, which after forming G sees only G
   (:func:`spectra.ops.mixed.mixed_gram_factor`), so a sharded run equals the unsharded
   one up to the rounding of G's sum.
+* ``soft_clip`` by ``"chebyshev"`` (and by ``"auto"`` where it picks it): the same polynomial of
+  G as the single-process call, the exact factor for the matrices it hands to ``"eigh"``.
 * ``soft_clip`` by any other method, ``hard_clip`` and ``orthogonalize`` by ``"svd"``/``"auto"``:
   the exact weights ``φ(σ)/σ`` from the float64 eigendecomposition of ``G``. For the
   soft clip's other matmul-only methods (``"polar"``, ``"paper"``) this is the exact clip, to

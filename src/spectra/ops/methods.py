@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from spectra.ops import eigh, mixed, muon, paper, polar, polar_express, svd
+from spectra.ops import chebyshev, eigh, mixed, muon, paper, polar, polar_express, svd
 from spectra.ops._common import has_bf16_units
 from spectra.ops.base import ClipMethod, Operator
 
@@ -24,6 +24,7 @@ METHODS: dict[str, ClipMethod] = {
         svd.METHOD,
         polar.METHOD,
         mixed.METHOD,
+        chebyshev.METHOD,
         paper.METHOD,
         muon.METHOD,
         polar_express.METHOD,
@@ -41,22 +42,23 @@ def default_method(
     ``soft_clip``: for float32 and bf16 input ``"mixed"`` on CUDA and on a CPU with bf16
     units (AMX, AVX-512 BF16), the fastest there at the bf16 floor of error (4-8e-3; on CUDA
     its optimizer step is faster and leaner than ``"polar"``'s in the stored H100 and H200
-    runs, docs/gpu.md); float64 input on CUDA takes ``"polar"``; elsewhere ``"eigh"`` (exact,
-    cheaper than any float32 iteration on a CPU). float64 input keeps an accurate method
-    (docs/operators.md). ``hard_clip``: ``"eigh"``
-    (min(σ, c) has a kink at c, which polynomial iterations resolve only slowly).
-    ``orthogonalize``: ``"svd"``.
+    runs, docs/gpu.md); ``"chebyshev"`` on a CPU without bf16 units, where the main job's step
+    took 1.043× its AdamW twin against 1.074× with ``"eigh"`` and 1.049× with ``"mixed"`` (the
+    libraries held to AVX2, docs/operators.md) at an error of 1e-3 or less; float64 input on
+    CUDA takes ``"polar"``, on a CPU ``"eigh"`` (float64 input keeps an accurate method,
+    docs/operators.md). ``hard_clip``: ``"eigh"`` (min(σ, c) has a kink at c, which polynomial
+    iterations resolve only slowly). ``orthogonalize``: ``"svd"``.
 
     ``capturable`` (no host read): the soft clip takes ``"polar"`` where it would take
-    ``"eigh"``, and ``orthogonalize`` takes ``"polar_express"``; ``hard_clip`` has no such
-    method.
+    ``"eigh"`` or ``"chebyshev"``, and ``orthogonalize`` takes ``"polar_express"``;
+    ``hard_clip`` has no such method.
     """
     if kind == "soft_clip":
         if dtype != torch.float64 and (device.type == "cuda" or has_bf16_units(device)):
             return "mixed"
-        if device.type == "cuda":
+        if device.type == "cuda" or capturable:
             return "polar"
-        return "polar" if capturable else "eigh"
+        return "eigh" if dtype == torch.float64 else "chebyshev"
     if kind == "orthogonalize":
         return "polar_express" if capturable else "svd"
     return "eigh"

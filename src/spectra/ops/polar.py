@@ -102,7 +102,7 @@ class GramState:
     # 1/scale (float64, shape (..., 1, 1)), or None for G from X/scale
     x_inv: Tensor | None
     # float64 (3,) on the device: the largest α, whether the input was finite, whether X's
-    # scale let G be formed from X itself (see _DIRECT_RANGE)
+    # scale let G be formed from X itself (see DIRECT_RANGE)
     request: Tensor
 
 
@@ -117,7 +117,7 @@ def scaled_x(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
     return (Xw.to(torch.float64) / scale).to(dtype)
 
 
-def _grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
     :func:`gram_square_and_bound`."""
     mm = split_bf16_matmul if split else torch.matmul
@@ -141,7 +141,7 @@ def gram_square_and_bound(G: Tensor, mm=torch.matmul) -> tuple[Tensor, Tensor, T
 
 # Scales (powers of two near max|X|) for which a float32 X·Xᵀ can neither overflow nor lose
 # terms to underflow: G is then formed from X itself and scaled afterwards.
-_DIRECT_RANGE = (2.0**-40, 2.0**40)
+DIRECT_RANGE = (2.0**-40, 2.0**40)
 
 
 def gram_state(Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = True) -> GramState:
@@ -156,10 +156,10 @@ def gram_state(Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = T
     in_range = torch.ones((), dtype=torch.bool, device=Xw.device)
     if direct and first == torch.float32 and Xw.dtype != torch.float64:
         x_inv = scale.reciprocal()
-        in_range = ((scale >= _DIRECT_RANGE[0]) & (scale <= _DIRECT_RANGE[1])).all()
-        G, G2, lam = _grams(Xw.to(torch.float32), split, x_inv)
+        in_range = ((scale >= DIRECT_RANGE[0]) & (scale <= DIRECT_RANGE[1])).all()
+        G, G2, lam = grams(Xw.to(torch.float32), split, x_inv)
     else:
-        G, G2, lam = _grams(scaled_x(Xw, scale, first), split)
+        G, G2, lam = grams(scaled_x(Xw, scale, first), split)
     return bounds(G, G2, lam, scale, c, split, exact, x_inv, in_range)
 
 

@@ -40,7 +40,7 @@ from spectra.validate import check_int
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-SoftClipMethod = Literal["auto", "eigh", "svd", "paper", "polar", "mixed"]
+SoftClipMethod = Literal["auto", "eigh", "svd", "paper", "polar", "mixed", "chebyshev"]
 HardClipMethod = Literal["auto", "eigh", "svd"]
 OrthMethod = Literal["auto", "svd", "muon", "polar_express"]
 
@@ -83,12 +83,14 @@ def soft_clip(
         X: tensor whose last two dimensions are the matrix; 1-D tensors use the vector rule.
         c: threshold, finite and > 0.
         method: ``"auto"`` (default: ``"mixed"`` for float32 and bf16 input on CUDA and on
-            a CPU with bf16 units; ``"polar"`` for float64 input on CUDA; ``"eigh"``
-            otherwise),
+            a CPU with bf16 units, ``"chebyshev"`` on a CPU without them; ``"polar"`` for
+            float64 input on CUDA; ``"eigh"`` for float64 input on a CPU),
             ``"eigh"`` (exact: float64 eigh of the smaller Gram matrix), ``"svd"`` (exact:
             float64 SVD), ``"polar"`` (matmul-only: coupled minimax-polynomial iteration for
             the inverse square root, see :func:`soft_clip_polar`), ``"mixed"`` (the same
-            iteration, its last steps in bf16, see :func:`soft_clip_mixed`), or ``"paper"``
+            iteration, its last steps in bf16, see :func:`soft_clip_mixed`), ``"chebyshev"``
+            (matmul-only: one Chebyshev polynomial of the Gram matrix, see
+            :mod:`spectra.ops.chebyshev`), or ``"paper"``
             (Algorithm 1 of the paper with the Newton–Schulz inverse square root,
             ``ns_steps`` iterations in ``ns_dtype``; kept for reproduction).
         ns_steps: Newton–Schulz steps for ``method="paper"`` (the paper's N_s).
@@ -96,8 +98,10 @@ def soft_clip(
             for float64 input), ``method="polar"`` (default: chosen from α;
             ``torch.bfloat16``: split bf16 products while ``α ≤ 1e4``, see
             :func:`soft_clip_polar`), ``method="mixed"`` (the same for its float32 products,
-            see :func:`soft_clip_mixed`) and ``method="eigh"`` (default: chosen from σ_max/c).
-        tol: relative error per singular direction that ``"polar"`` and ``"mixed"`` iterate to.
+            see :func:`soft_clip_mixed`), ``method="chebyshev"`` (default: float32, or
+            float64 for float64 input) and ``method="eigh"`` (default: chosen from σ_max/c).
+        tol: relative error per singular direction that ``"polar"`` and ``"mixed"`` iterate to
+            and that ``"chebyshev"``'s polynomial meets.
         capturable: read nothing back to the host, so that ``torch.compile(fullgraph=True)``
             and CUDA graphs take the call whole: methods ``"polar"``, ``"mixed"`` (their
             schedule then covers every α their precision resolves, see
@@ -167,7 +171,7 @@ def soft_clip_with_norm(
     ``σ̂_max`` is float64 with shape ``X.shape[:-2]`` (``()`` for a 1-D X):
 
     * ``"eigh"``, ``"svd"``: σ_max itself (the largest eigenvalue of the Gram matrix);
-    * ``"polar"``, ``"mixed"``: the bound ``s_max = min(‖G‖_F, max_i Σ_j |G_ij|,
+    * ``"polar"``, ``"mixed"``, ``"chebyshev"``: the bound ``s_max = min(‖G‖_F, max_i Σ_j |G_ij|,
       ‖G²‖_F^{1/2})^{1/2}`` that sets their α, with ``σ_max ≤ s_max ≤ r^{1/4}·σ_max`` for a
       matrix of rank r (equal to σ_max when one direction dominates);
     * ``"paper"``: Algorithm 1's ``s_max = min(‖G‖_F, max_i Σ_j |G_ij|)^{1/2}``

@@ -78,19 +78,19 @@ class SpectralOp(NamedTuple):
         )
 
     def matmul_only(self, X: Tensor) -> bool:
-        """Whether this operator runs on matrices like ``X`` in two halves around a host read
-        (its method's row in :data:`spectra.ops.METHODS` says so: a soft clip by ``"polar"`` or
-        ``"mixed"``, or ``"auto"`` where it picks one of them), with matrix products only; such
-        methods run fastest on large batches. Every capturable method has products only."""
-        return self.capturable or operator(self.kind, self.method, X.device, X.dtype).two_phase
+        """Whether this operator runs on matrices like ``X`` with matrix products only (its
+        method's row in :data:`spectra.ops.METHODS` says so: a soft clip by ``"polar"``,
+        ``"mixed"`` or ``"chebyshev"``, or ``"auto"`` where it picks one of them); such methods
+        run fastest on large batches. Every capturable method has products only."""
+        return self.capturable or operator(self.kind, self.method, X.device, X.dtype).matmul_only
 
     def deferred(self, X: Tensor) -> bool:
         """Whether :func:`spectra.ops.batched_apply_all_` runs this operator on matrices like
-        ``X`` in two halves around one host read: :meth:`matmul_only`, off the CPU (see
-        :data:`READ_ONCE_ON_CPU`)."""
-        if self.capturable:
+        ``X`` in two halves around one host read: a two-phase method (``"polar"``,
+        ``"mixed"``), off the CPU (see :data:`READ_ONCE_ON_CPU`)."""
+        if self.capturable or not (X.device.type != "cpu" or READ_ONCE_ON_CPU):
             return False
-        return (X.device.type != "cpu" or READ_ONCE_ON_CPU) and self.matmul_only(X)
+        return operator(self.kind, self.method, X.device, X.dtype).two_phase
 
     def begin(self, U: Tensor) -> SoftClipPending:
         """The device half of a soft clip (:func:`spectra.ops.soft_clip_begin`)."""

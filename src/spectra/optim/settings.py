@@ -47,7 +47,7 @@ one-parameter family between SGD-M (κ large: ``H`` leaves ``M`` as it is) and M
 thresholds that "Enhancing LLM Training via Spectral Clipping" leaves as future work): with
 ``σ̂_j`` the spectral scale of the raw gradient at step j, read off the Gram matrix the clip
 forms (:func:`spectra.ops.soft_clip_with_norm`: σ_max for ``eigh``, a bound within
-``rank^{1/4}`` of it for ``polar`` and ``mixed``),
+``rank^{1/4}`` of it for ``polar``, ``mixed`` and ``chebyshev``),
 
     c_k = κ · factor(k) · m_{k−1} / (1 − β^{k−1}),
     m_k = β · m_{k−1} + (1 − β) · min(σ̂_k, c_k),      m_0 = 0,

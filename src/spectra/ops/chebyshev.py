@@ -1,0 +1,280 @@
+r"""Method ``"chebyshev"``: the soft clip as one polynomial of the Gram matrix, for CPUs without
+bf16 units.
+
+``H_c(X) = K·X`` with ``K = w(G)``, ``G = XXᵀ`` (``m ≤ n`` after
+:func:`~spectra.ops._common.wide_view``) and the weights of :mod:`spectra.ops.eigh` written in
+the eigenvalues ``λ = σ²`` of G: ``w(λ) = (1 + λ/c²)^{-1/2}``. With an upper bound
+``u ≥ λ_max(G)`` (the one that sets ``"polar"``'s α, :func:`spectra.ops.polar.
+gram_square_and_bound`) and ``L = u/c²``, the eigenvalues map into ``[−1, 1]`` by
+``t = 2λ/u − 1``, where the weights are ``g_L(t) = (1 + L(t + 1)/2)^{-1/2}``. ``K = p(T)`` for
+``T = 2G/u − I`` and ``p`` the degree-``d`` polynomial that interpolates ``g_L`` at the
+Chebyshev points ``t_k = cos(π(k + ½)/(d + 1))``.
+
+``g_L`` is analytic except at ``t = −1 − 2/L``, so the interpolant's error falls like
+``ρ^{-d}`` with ``ρ = 1 + 2/L + 2·√((1 + 1/L)/L)`` (Trefethen, *Approximation Theory and
+Approximation Practice*, Thm. 8.2), about ``e^{-2d/√L}`` for large L. The degree of each
+matrix is the least one whose relative error ``max_t |p(t)/g_L(t) − 1|`` is at most ``tol``
+(``1e-3`` by default, ``"polar"``'s target) for its L (:func:`degree_limits`): the error bound
+holds on the whole of ``[0, u]``, so no iteration is needed to check it. The relative error of
+the weights is that of every singular direction of the result.
+
+The polynomial runs by Paterson and Stockmeyer's scheme (SIAM J. Comput. 2(1), 1973) in the
+monomial basis of T: the powers ``T², …, T^s`` (``T²`` from the ``G²`` the bound needs, with no
+product), then Horner's rule in ``T^s`` over blocks of s coefficients; ``s`` minimises the
+products, ``(s − 2) + ⌈(d + 1)/s⌉ − 1``. The main job's 192-wide matrices take degrees 2–12,
+five products of ``m × m`` or fewer besides the Gram matrix and ``K·X``: its optimizer step is
+faster than with ``"eigh"`` or ``"mixed"`` on a CPU without bf16 units (docs/operators.md).
+The monomial
+coefficients of the interpolant grow with the degree (their absolute sum is 7 at d = 12, 240 at
+d = 17 and 1e5 at d = 25), and float32 rounding grows with them, so the degree stops at
+``CHEB_MAX_DEGREE``: matrices whose L needs more (``L ≳ 25`` at ``tol = 1e-3``, i.e.
+``σ_max ≳ 5c``) take the exact weights of :mod:`spectra.ops.eigh` instead.
+
+One host read per call (the degrees); the Gram route computes the same polynomial from G alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+
+from spectra.ops._common import (
+    compute_dtype,
+    fp32_products_are_ieee,
+    orient,
+    pow2_floor,
+    pow2_scale,
+    wide_view,
+)
+from spectra.ops.base import ClipMethod, Operator, Options
+from spectra.ops.eigh import exact_gram_factor, soft_weight, spectral_map
+from spectra.ops.polar import DIRECT_RANGE, check_tol, gram_square_and_bound, grams, scaled_x
+
+#: The highest degree of the polynomial: its monomial coefficients then sum to at most ~240 in
+#: absolute value, so float32 rounding adds at most ~1e-5 to the result.
+CHEB_MAX_DEGREE = 16
+#: Points of [−1, 1] on which :func:`degree_limits` measures an interpolant's relative error:
+#: over a hundred per oscillation of the error up to ``CHEB_MAX_DEGREE``.
+_GRID = 2001
+
+
+def weights_in_t(L: Tensor, t: Tensor) -> Tensor:
+    """``g_L(t) = (1 + L(t + 1)/2)^{-1/2}``: the soft clip's weights with ``λ = u(t + 1)/2``
+    (``L = u/c²``); ``L`` of shape ``(B,)``, ``t`` of shape ``(N,)``, result ``(B, N)``."""
+    return torch.rsqrt(1.0 + L[:, None] * (t[None, :] + 1.0) * 0.5)
+
+
+@functools.lru_cache(maxsize=CHEB_MAX_DEGREE + 1)
+def _chebyshev_to_monomial(d: int) -> Tensor:
+    """Row j: the coefficients of ``T_j(t)`` in ``1, t, …, t^d`` (float64)."""
+    P = torch.zeros(d + 1, d + 1, dtype=torch.float64)
+    P[0, 0] = 1.0
+    if d >= 1:
+        P[1, 1] = 1.0
+    for j in range(2, d + 1):  # T_j = 2t·T_{j−1} − T_{j−2}
+        P[j, 1:] = 2.0 * P[j - 1, :-1]
+        P[j] -= P[j - 2]
+    return P
+
+
+def interpolant(L: Tensor, d: int) -> Tensor:
+    """The monomial coefficients ``a`` (float64, ``(B, d + 1)``) of ``p(t) = Σ_k a_k t^k``, the
+    degree-``d`` interpolant of ``g_L`` at the ``d + 1`` Chebyshev points, for each L."""
+    theta = math.pi * (torch.arange(d + 1, dtype=torch.float64) + 0.5) / (d + 1)
+    j = torch.arange(d + 1, dtype=torch.float64)
+    basis = torch.cos(j[:, None] * theta[None, :])  # T_j(t_k)
+    coeffs = weights_in_t(L.to(torch.float64), torch.cos(theta)) @ basis.T * (2.0 / (d + 1))
+    coeffs[:, 0] *= 0.5
+    return coeffs @ _chebyshev_to_monomial(d)
+
+
+def relative_error(L: float, d: int) -> float:
+    """``max_t |p(t)/g_L(t) − 1|`` over ``[−1, 1]`` for the degree-``d`` interpolant."""
+    Lt = torch.tensor([float(L)], dtype=torch.float64)
+    t = torch.linspace(-1.0, 1.0, _GRID, dtype=torch.float64)
+    a = interpolant(Lt, d)[0]
+    p = torch.zeros_like(t)
+    for coeff in a.flip(0):
+        p = p * t + coeff
+    return float((p / weights_in_t(Lt, t)[0] - 1.0).abs().max())
+
+
+@functools.lru_cache(maxsize=8)
+def degree_limits(tol: float) -> tuple[float, ...]:
+    """``L_max(d)`` for ``d = 0, …, CHEB_MAX_DEGREE``: the largest ``L`` (to 0.1%) whose
+    degree-``d`` interpolant meets ``tol``; the relative error grows with L for each d, so
+    every smaller L meets it too. Found once per ``tol`` by bisection on ``log L``."""
+    limits = []
+    for d in range(CHEB_MAX_DEGREE + 1):
+        lo, hi = -30.0, 12.0  # log L: e^-30 meets any tol ≥ 1e-6 at d = 0; e^12 no d ≤ 16 does
+        while hi - lo > 1e-3:
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if relative_error(math.exp(mid), d) <= tol else (lo, mid)
+        limits.append(math.exp(lo))
+    return tuple(limits)
+
+
+def degrees(L: list[float], tol: float) -> list[int | None]:
+    """Each matrix's degree: the least ``d`` with ``L ≤ L_max(d)``; ``None`` where no
+    ``d ≤ CHEB_MAX_DEGREE`` meets ``tol``."""
+    limits = degree_limits(tol)
+    return [next((d for d, top in enumerate(limits) if x <= top), None) for x in L]
+
+
+def block_size(d: int) -> int:
+    """``s`` of the Paterson–Stockmeyer scheme: the fewest products ``(s − 2) + ⌈(d + 1)/s⌉ − 1``
+    with ``T²`` given (the smaller s on a tie)."""
+    return min(range(2, max(d, 2) + 1), key=lambda s: (max(s - 2, 0) + -(-(d + 1) // s) - 1, s))
+
+
+def polynomial(G: Tensor, G2: Tensor, u: Tensor, a: Tensor) -> Tensor:
+    """``p(T) = Σ_k a_k T^k`` with ``T = 2G/u − I`` for a ``(B, m, m)`` batch, given ``G²``,
+    ``u`` (float64, ``(B,)``, > 0) and the coefficients ``a`` (float64, ``(B, d + 1)``), in
+    G's dtype: the blocks ``B_j = Σ_{i<s} a_{js+i} T^i`` (``J = ⌊d/s⌋ + 1`` of them), then
+    ``K = B_{J−1}`` and ``K ← B_j + K·T^s`` for ``j = J − 2, …, 0``."""
+    d = a.shape[-1] - 1
+    s = block_size(d)
+    lead = (2.0 / u).to(G.dtype)[:, None, None]
+    powers = [None, _add_to_diagonal(G * lead, -1.0)]  # powers[k] = T^k
+    if d >= 2:  # T² = (2/u)²G² − (4/u)G + I: no product
+        powers.append(_add_to_diagonal((G2 * lead.square()).sub_(G * (2.0 * lead)), 1.0))
+    for _ in range(3, s + 1):
+        powers.append(torch.bmm(powers[-1], powers[1]))
+    a = a.to(G.dtype)[:, :, None, None]
+
+    def block(j: int) -> Tensor:
+        k = j * s
+        out = powers[1] * a[:, k + 1] if k < d else torch.zeros_like(G)
+        for i in range(2, min(s, d - k + 1)):
+            out.addcmul_(powers[i], a[:, k + i])
+        return _add_to_diagonal(out, a[:, k, 0, 0])
+
+    K = block(d // s)
+    for j in range(d // s - 1, -1, -1):  # Horner's rule in T^s
+        K = torch.bmm(K, powers[s]).add_(block(j))
+    return K
+
+
+def _add_to_diagonal(A: Tensor, v: Tensor | float) -> Tensor:
+    """``A + v·I`` in place, per matrix for a ``(B,)`` tensor ``v``."""
+    A.diagonal(dim1=-2, dim2=-1).add_(v[:, None] if isinstance(v, Tensor) else v)
+    return A
+
+
+def _gram(Xb: Tensor, wd: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(G, G², u, s)`` for a ``(B, m, n)`` batch: the Gram matrix of ``X/s`` in ``wd`` (``s``
+    a power of two near ``max|X|``, float64 ``(B,)``), its square and the bound ``u ≥ λ_max(G)``
+    of :func:`spectra.ops.polar.gram_square_and_bound`. A float32 G is formed from X itself and
+    scaled afterwards where the scales allow it (no scaled copy of X), as ``"polar"`` does."""
+    scale = pow2_scale(Xb)
+    direct = wd == torch.float32 and Xb.dtype != torch.float64
+    if direct and bool(((scale >= DIRECT_RANGE[0]) & (scale <= DIRECT_RANGE[1])).all()):
+        G, G2, u = grams(Xb.to(torch.float32), False, scale.reciprocal())
+    else:
+        G, G2, u = grams(scaled_x(Xb, scale, wd), False)
+    return G, G2, u, scale.reshape(-1)
+
+
+def _plan(
+    G: Tensor, G2: Tensor, u: Tensor, scale2: Tensor, c: float, tol: float
+) -> tuple[Tensor | None, list[int], list[int]]:
+    """``(K, poly, exact)`` for a ``(B, m, m)`` batch of Gram matrices of ``X/s`` with their
+    squares and bounds ``u`` (``scale2 = s²``, float64 ``(B,)``): the polynomial factor of the
+    matrices ``poly`` (in that order; ``None`` if there are none) and the matrices ``exact``
+    whose L needs a higher degree than ``CHEB_MAX_DEGREE``. One host read."""
+    L = (u * scale2 / (c * c)).cpu()
+    found = degrees(L.tolist(), tol)
+    poly = [i for i, d in enumerate(found) if d is not None]
+    exact = [i for i, d in enumerate(found) if d is None]
+    if not poly:
+        return None, poly, exact
+    if exact:
+        rows = torch.tensor(poly, device=G.device)
+        G, G2, u, L = G[rows], G2[rows], u[rows], L[poly]
+    a = interpolant(L, max(found[i] for i in poly)).to(G.device)
+    u = torch.where(u > 0, u, torch.ones_like(u))  # G = 0: T = −I and p(−1) = 1
+    return polynomial(G, G2, u, a), poly, exact
+
+
+def _precision(X: Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The working precision: ``dtype``, else float64 for float64 input and where float32
+    products are not IEEE (TF32, bf16), float32 otherwise."""
+    if dtype is not None:
+        return dtype
+    wd = compute_dtype(X)
+    return wd if wd == torch.float64 or fp32_products_are_ieee(X.device) else torch.float64
+
+
+def _soft_with_norm(X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:
+    """``(H_c(X), s_max)``: the polynomial clip where its degree suffices, the exact one of
+    :func:`spectra.ops.eigh.spectral_map` elsewhere; ``s_max = √u`` (``σ_max ≤ s_max ≤
+    r^{1/4}·σ_max``, as for ``"polar"``), σ_max itself for the exact matrices."""
+    Xw, transposed = wide_view(X)
+    batch, (m, n) = Xw.shape[:-2], Xw.shape[-2:]
+    Xb = Xw.reshape(-1, m, n)
+    wd = _precision(Xb, options.ns_dtype)
+    G, G2, u, scale = _gram(Xb, wd)
+    K, poly, exact = _plan(G, G2, u, scale.square(), c, options.tol)
+    del G, G2
+    norm = u.sqrt() * scale
+    if not exact:
+        Y = (K @ Xb.to(wd)).to(X.dtype)
+    else:
+        Y = torch.empty_like(Xb)
+        if poly:
+            rows = torch.tensor(poly, device=X.device)
+            Y[rows] = (K @ Xb[rows].to(wd)).to(X.dtype)
+        rows = torch.tensor(exact, device=X.device)
+        Y[rows], norm[rows] = spectral_map(Xb[rows], c, soft_weight(c), options.ns_dtype)
+    return orient(Y.reshape(*batch, m, n), transposed), norm.reshape(batch)
+
+
+def _gram_factor(
+    G: Tensor, c: float, options: Options, source_dtype: torch.dtype | None
+) -> Tensor | None:
+    """``K`` with ``soft_clip(X, c, method="chebyshev") = K·X`` for ``XXᵀ = G``: the same
+    polynomial from G alone (scaled by a power of two near its largest diagonal entry, which
+    leaves L and so the degree as they are), the exact factor for the matrices that need it.
+    ``None`` for a float32 G of float64 matrices, which the call on X works with in float64."""
+    if source_dtype == torch.float64 and G.dtype != torch.float64:
+        return None
+    batch, m = G.shape[:-2], G.shape[-1]
+    Gb = G.reshape(-1, m, m).to(options.ns_dtype or G.dtype)
+    dmax = Gb.diagonal(dim1=-2, dim2=-1).amax(dim=-1).to(torch.float64)
+    scale2 = pow2_floor(dmax.sqrt()).square()
+    Gs, G2, u = gram_square_and_bound(Gb / scale2.to(Gb.dtype)[:, None, None])
+    K, poly, exact = _plan(Gs, G2, u, scale2, c, options.tol)
+    if exact:
+        K_exact = exact_gram_factor(soft_weight)(Gb[exact], c, options, source_dtype)
+        if K_exact is None:
+            return None
+        out = torch.empty(Gb.shape, dtype=torch.float64, device=G.device)
+        out[exact] = K_exact
+        if poly:
+            out[poly] = K.to(torch.float64)
+        K = out
+    return K.reshape(*batch, m, m)
+
+
+def _check(options: Options) -> None:
+    check_tol(options)
+    if options.ns_dtype not in (None, torch.float32, torch.float64):
+        raise ValueError(
+            "ns_dtype must be None, torch.float32 or torch.float64 for chebyshev, "
+            f"got {options.ns_dtype!r}"
+        )
+
+
+METHOD = ClipMethod(
+    "chebyshev",
+    soft_clip=Operator(
+        apply=lambda X, c, o: _soft_with_norm(X, c, o)[0],
+        gram_factor=_gram_factor,
+        check=_check,
+        with_norm=_soft_with_norm,
+        products_only=True,
+    ),
+)

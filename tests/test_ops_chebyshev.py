@@ -1,0 +1,185 @@
+"""The soft clip as one Chebyshev polynomial of the Gram matrix (``method="chebyshev"``),
+against the float64 SVD, the closed form of its interpolant and the exact method."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from spectra.ops import chebyshev, gram, methods, soft_clip, soft_clip_with_norm
+from spectra.optim.plan import SpectralOp
+from spectra_lab.bench.matrices import spiked
+
+
+def soft_ref(X: torch.Tensor, c: float) -> torch.Tensor:
+    U, S, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
+    return (U * (S / torch.sqrt(1.0 + (S / c) ** 2)).unsqueeze(-2)) @ Vh
+
+
+def rel_err(Y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(Y.double() - ref) / torch.linalg.vector_norm(ref))
+
+
+def horner(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    p = torch.zeros_like(t)
+    for coeff in a.flip(0):
+        p = p * t + coeff
+    return p
+
+
+def test_the_interpolant_meets_the_weights_at_the_chebyshev_points():
+    for L in (0.3, 4.0, 20.0):
+        for d in (1, 5, 12, 16):
+            a = chebyshev.interpolant(torch.tensor([L], dtype=torch.float64), d)[0]
+            t = torch.cos(math.pi * (torch.arange(d + 1, dtype=torch.float64) + 0.5) / (d + 1))
+            g = 1.0 / torch.sqrt(1.0 + L * (t + 1.0) / 2.0)  # (1 + λ/c²)^(-1/2), λ/c² = L(t+1)/2
+            assert torch.allclose(horner(a, t), g, rtol=0, atol=1e-12)
+
+
+def test_each_degree_limit_is_the_largest_l_that_meets_the_tolerance():
+    for tol in (1e-3, 1e-2):
+        limits = chebyshev.degree_limits(tol)
+        assert len(limits) == chebyshev.CHEB_MAX_DEGREE + 1
+        assert all(a < b for a, b in itertools.pairwise(limits))
+        for d, top in enumerate(limits):
+            assert chebyshev.relative_error(top, d) <= tol
+            assert chebyshev.relative_error(top * 1.01, d) > tol
+    # the error falls like ρ^-d, ρ = 1 + 2/L + 2√((1 + 1/L)/L) (Trefethen, ATAP Thm. 8.2): the
+    # highest degree reaches L ≈ 25 at 1e-3 (σ_max ≈ 5c), where ρ^-16 ≈ 2e-3 (within the
+    # theorem's constant)
+    top = chebyshev.degree_limits(1e-3)[-1]
+    assert 20 < top < 32
+    rho = 1 + 2 / top + 2 * math.sqrt((1 + 1 / top) / top)
+    assert 1e-4 < rho**-16 < 1e-2
+
+
+def test_degrees_are_the_least_that_meet_the_tolerance_and_none_beyond_the_highest():
+    tol = 1e-3
+    Ls = [0.0, 1e-4, 0.5, 3.0, 10.0, 24.0, 40.0, 1e4]
+    found = chebyshev.degrees(Ls, tol)
+    for L, d in zip(Ls, found, strict=True):
+        if d is None:
+            assert chebyshev.relative_error(L, chebyshev.CHEB_MAX_DEGREE) > tol
+            continue
+        assert chebyshev.relative_error(L, d) <= tol
+        if d > 0:
+            assert chebyshev.relative_error(L, d - 1) > tol
+    assert found[-1] is None and found[0] == 0
+
+
+def test_the_block_size_takes_the_fewest_products():
+    for d in range(0, chebyshev.CHEB_MAX_DEGREE + 1):
+        s = chebyshev.block_size(d)
+        costs = {k: max(k - 2, 0) + math.ceil((d + 1) / k) - 1 for k in range(2, max(d, 2) + 1)}
+        assert costs[s] == min(costs.values())
+
+
+def test_the_matrix_polynomial_is_the_scalar_one_on_the_eigenvalues():
+    # float64: G = Q diag(λ) Qᵀ, so p(T) = Q diag(p(2λ/u − 1)) Qᵀ
+    gen = torch.Generator().manual_seed(0)
+    Q, _ = torch.linalg.qr(torch.randn(3, 9, 9, generator=gen, dtype=torch.float64))
+    lam = torch.rand(3, 9, generator=gen, dtype=torch.float64) * 5.0
+    G = (Q * lam.unsqueeze(-2)) @ Q.mT
+    u = lam.amax(-1) * 1.3
+    for d in (0, 1, 2, 3, 7, 12, 16):
+        a = torch.randn(3, d + 1, generator=gen, dtype=torch.float64)
+        K = chebyshev.polynomial(G, G @ G, u, a)
+        t = 2.0 * lam / u[:, None] - 1.0
+        p = torch.stack([horner(a[i], t[i]) for i in range(3)])
+        assert torch.allclose(K, (Q * p.unsqueeze(-2)) @ Q.mT, atol=1e-10), d
+
+
+@pytest.mark.parametrize("kind", ["adam", "sign", "gauss"])
+@pytest.mark.parametrize("spike", [0.3, 1.0, 3.0, 4.5])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 40), (3, 32, 32), (1, 64)])
+def test_the_polynomial_meets_its_tolerance_while_sigma_max_is_below_five_c(kind, spike, shape):
+    c = 0.7
+    X = spiked(shape, c, spike, kind=kind)
+    ref = soft_ref(X, c)
+    # the weights within 1e-3 of w(σ) in every direction, plus float32 rounding
+    assert rel_err(soft_clip(X, c, method="chebyshev"), ref) <= 1.1e-3
+    assert rel_err(soft_clip(X, c, method="chebyshev", tol=1e-5), ref) <= 2e-5
+    Xb = X.to(torch.bfloat16)
+    assert rel_err(soft_clip(Xb, c, method="chebyshev"), soft_ref(Xb, c)) <= 1e-2
+    assert rel_err(soft_clip(X.double(), c, method="chebyshev"), ref) <= 1.001e-3
+
+
+@pytest.mark.parametrize("spike", [10.0, 1e3, 1e5])
+def test_beyond_the_highest_degree_the_exact_weights_are_used(spike):
+    c = 0.7
+    X = spiked((48, 96), c, spike, kind="adam")
+    Y = soft_clip(X, c, method="chebyshev")
+    assert torch.equal(Y, soft_clip(X, c, method="eigh"))
+    assert rel_err(Y, soft_ref(X, c)) <= 1e-2  # eigh's float32 K·X at a spike of 1e5: 4e-3
+
+
+def test_a_batch_mixing_both_routes_clips_each_matrix_as_alone():
+    c = 0.7
+    X = torch.stack([spiked((24, 40), c, s, seed=i) for i, s in enumerate([2.0, 50.0, 0.5])])
+    Y, norm = soft_clip_with_norm(X, c, method="chebyshev")
+    for i in range(3):
+        alone, _ = soft_clip_with_norm(X[i], c, method="chebyshev")
+        assert rel_err(Y[i], soft_ref(X[i], c)) <= 1.1e-3
+        # the batch's degree is its largest, so the polynomial matrices agree to the tolerance
+        assert rel_err(Y[i], alone.double()) <= 2e-3
+    assert torch.equal(Y[1], soft_clip(X[1], c, method="eigh"))
+    sigma = torch.linalg.matrix_norm(X.double(), ord=2)
+    assert torch.allclose(norm[1], sigma[1], rtol=1e-5)  # the exact matrix: σ_max itself
+    for i in (0, 2):  # the bound: σ_max ≤ s_max ≤ r^{1/4}·σ_max
+        assert sigma[i] * (1 - 1e-6) <= norm[i] <= 24**0.25 * sigma[i]
+
+
+def test_the_gram_route_computes_the_same_polynomial_from_g_alone():
+    c = 0.7
+    X = torch.stack([spiked((24, 40), c, s, seed=i) for i, s in enumerate([2.0, 50.0, 0.5])])
+    K = gram.gram_factor(X @ X.mT, "soft_clip", c, method="chebyshev")
+    # the same polynomial up to the float32 rounding of G (summed in another order)
+    assert rel_err(K.to(X.dtype) @ X, soft_clip(X, c, method="chebyshev").double()) <= 1e-4
+    X64 = X.double()
+    assert gram.gram_factor(X @ X.mT, "soft_clip", c, method="chebyshev",
+                            source_dtype=torch.float64) is None  # fmt: skip
+    K64 = gram.gram_factor(X64 @ X64.mT, "soft_clip", c, method="chebyshev")
+    assert rel_err(K64 @ X64, soft_clip(X64, c, method="chebyshev")) <= 1e-10
+
+
+def test_zero_and_tiny_matrices_keep_their_weights_of_one():
+    assert torch.equal(soft_clip(torch.zeros(4, 6), 1.0, method="chebyshev"), torch.zeros(4, 6))
+    X = torch.randn(4, 6) * 1e-30
+    assert rel_err(soft_clip(X, 1.0, method="chebyshev"), X.double()) <= 1e-6
+    X = torch.randn(4, 6) * 1e30  # σ_max/c = 1e30: the exact route, in float64
+    assert rel_err(soft_clip(X, 1.0, method="chebyshev"), soft_ref(X, 1.0)) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"ns_dtype": torch.bfloat16}, r"ns_dtype must be None, torch.float32 or torch.float64 "
+                                       r"for chebyshev, got torch.bfloat16"),
+        ({"tol": 0.0}, r"tol must be a number in \[1e-06, 1\), got 0.0"),
+    ],
+)  # fmt: skip
+def test_bad_options_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        soft_clip(torch.randn(4, 6), 1.0, method="chebyshev", **kwargs)
+
+
+def test_auto_picks_chebyshev_on_a_cpu_without_bf16_units(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(methods, "has_bf16_units", lambda device: device.type != "cpu")
+    assert methods.default_method("soft_clip", cpu, torch.float32) == "chebyshev"
+    assert methods.default_method("soft_clip", cpu, torch.bfloat16) == "chebyshev"
+    assert methods.default_method("soft_clip", cpu, torch.float64) == "eigh"
+    assert methods.default_method("soft_clip", cpu, torch.float32, capturable=True) == "polar"
+    monkeypatch.setattr(methods, "has_bf16_units", lambda device: True)
+    assert methods.default_method("soft_clip", cpu, torch.float32) == "mixed"
+
+
+def test_the_optimizers_batch_it_as_a_products_only_method():
+    # batches one after another with the intra-op threads, and no two-phase read
+    op = SpectralOp("soft_clip", 1.0, "chebyshev")
+    X = torch.randn(4, 6)
+    assert op.matmul_only(X) and not op.deferred(X)
+    assert not SpectralOp("soft_clip", 1.0, "eigh").matmul_only(X)
