@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from spectra_lab.blocks.common import sci
 
@@ -122,6 +123,26 @@ def test_readme_reproducibility_figures_are_the_stored_repeats():
     d_adamw = repro["adamw-generic"] - runs["adamw"][1337]
     d_spectra = repro["spectra-adamw-generic"] - runs["spectra-adamw"][1337]
     assert abs(d_spectra) < abs(d_adamw) / 100
+
+
+@pytest.mark.parametrize("method", ["mixed", "chebyshev"])
+def test_the_main_job_with_a_pinned_clip_is_the_stored_sweep(method):
+    sweep = f"results/main-job-{method}"
+    grid = yaml.safe_load(text(f"{sweep}/grid.yaml"))
+    assert grid["base"]["optimizer_kwargs"] == {"clip_method": method}
+    assert grid["seeds"] == [1337, 1338, 1339]
+    pinned = {r["seed"]: r["val_loss"] for r in data(f"{sweep}/results.json")["runs"]}
+    exact = main_job()["spectra-adamw"]
+    d = [pinned[s] - exact[s] for s in (1337, 1338, 1339)]
+    mean, sd = sum(d) / 3, statistics.stdev(d)
+    t = mean / (sd / 3**0.5)
+    m = statistics.fmean(pinned.values())
+    verdict = "significant" if abs(t) > 4.303 else "not significant"
+    assert_quoted(
+        f"end at {m:.4f} ± {statistics.stdev(pinned.values()):.4f}, paired against `eigh` "
+        f"{mean:+.4f} ± {sd:.4f} (t = {t:.1f}, {verdict})",
+        "README.md",
+    )
 
 
 # --------------------------------------------------------------------------- synthetic

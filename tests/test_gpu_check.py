@@ -28,7 +28,8 @@ def test_the_parts_that_time_the_step_beside_its_peers_run_first():
     for args in (gpu_check.OPTIM_ARGS, gpu_check.OPTIM_780M_ARGS):
         methods = args[args.index("--methods") + 1 :]
         methods = methods[: next((i for i, a in enumerate(methods) if a.startswith("--")), None)]
-        assert set(gpu_check.PEERS) | {"spectra-adamw", "spectra-adamw-mixed"} <= set(methods)
+        assert set(gpu_check.PEERS) | {"spectra-adamw", "spectra-adamw-mixed",
+                                       "spectra-adamw-mixed-bf16"} <= set(methods)  # fmt: skip
     assert gpu_check.PEERS == ("torch-adamw", "torch-adamw-fused", "torch-muon", "spectra-dmuon")
     assert gpu_check.DEFAULT_BUDGET == 390.0
     # the capturable part times the step without host reads beside the default one
@@ -39,7 +40,7 @@ def test_the_parts_that_time_the_step_beside_its_peers_run_first():
         "spectra-adamw-capturable",
         "spectra-adamw-compiled",
         "spectra-adamw-graph",
-        "spectra-adamw-mixed-bf16",
+        "spectra-adamw-polar-bf16",
     ):
         assert m in methods
 

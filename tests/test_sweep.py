@@ -152,6 +152,15 @@ def test_sweep_runs_skips_finished_runs_resumes_partial_ones_and_reports(tmp_pat
         assert record["optimizer_s"] == pytest.approx(
             statistics.median(r["t_optimizer"] for r in logged)
         )
+        # the machine each run.json records, kept where the run folders are not
+        about = json.loads((Path(run.config.out_dir) / "run.json").read_text())["machine"]
+        assert record["machine"] == about and about["threads"] == 1
+    from spectra_lab.bench.machines import machine_of, runs_machines
+
+    gone = tmp_path / "results-only"
+    gone.mkdir()
+    (gone / "results.json").write_text((out / "results.json").read_text())
+    assert runs_machines(gone) == f"{machine_of(about)} (4 runs)"
     for g in report["groups"]:
         steps = [r["step_s"] for r in report["runs"] if r["point"] == g["point"]]
         assert g["step_s"] == pytest.approx(statistics.median(steps))

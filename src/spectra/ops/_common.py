@@ -221,6 +221,19 @@ def pow2_floor(x: Tensor) -> Tensor:
     return torch.exp2(torch.floor(torch.log2(safe)))
 
 
+def add_to_diagonal(A: Tensor, d: Tensor | float) -> Tensor:
+    """``A + d·I`` in place on a ``(B, m, m)`` batch, for a number ``d`` or a tensor with one
+    entry per matrix (shape ``(B,)`` or ``(B, 1, 1)``). A bf16 diagonal sums in float32 and
+    rounds once: a bf16 add would round d first."""
+    diagonal = A.diagonal(dim1=-2, dim2=-1)
+    d = d.reshape(-1, 1) if isinstance(d, Tensor) else d
+    if A.dtype == torch.bfloat16:
+        diagonal.copy_(diagonal.float() + d)
+    else:
+        diagonal.add_(d)
+    return A
+
+
 def orient(Y: Tensor, transposed: bool) -> Tensor:
     """``Y`` back in the input's layout after :func:`wide_view`."""
     return Y.mT if transposed else Y

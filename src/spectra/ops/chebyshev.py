@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops._common import (
+    add_to_diagonal,
     compute_dtype,
     fp32_products_are_ieee,
     orient,
@@ -138,9 +139,9 @@ def polynomial(G: Tensor, G2: Tensor, u: Tensor, a: Tensor) -> Tensor:
     d = a.shape[-1] - 1
     s = block_size(d)
     lead = (2.0 / u).to(G.dtype)[:, None, None]
-    powers = [None, _add_to_diagonal(G * lead, -1.0)]  # powers[k] = T^k
+    powers = [None, add_to_diagonal(G * lead, -1.0)]  # powers[k] = T^k
     if d >= 2:  # T² = (2/u)²G² − (4/u)G + I: no product
-        powers.append(_add_to_diagonal((G2 * lead.square()).sub_(G * (2.0 * lead)), 1.0))
+        powers.append(add_to_diagonal((G2 * lead.square()).sub_(G * (2.0 * lead)), 1.0))
     for _ in range(3, s + 1):
         powers.append(torch.bmm(powers[-1], powers[1]))
     a = a.to(G.dtype)[:, :, None, None]
@@ -150,18 +151,12 @@ def polynomial(G: Tensor, G2: Tensor, u: Tensor, a: Tensor) -> Tensor:
         out = powers[1] * a[:, k + 1] if k < d else torch.zeros_like(G)
         for i in range(2, min(s, d - k + 1)):
             out.addcmul_(powers[i], a[:, k + i])
-        return _add_to_diagonal(out, a[:, k, 0, 0])
+        return add_to_diagonal(out, a[:, k, 0, 0])
 
     K = block(d // s)
     for j in range(d // s - 1, -1, -1):  # Horner's rule in T^s
         K = torch.bmm(K, powers[s]).add_(block(j))
     return K
-
-
-def _add_to_diagonal(A: Tensor, v: Tensor | float) -> Tensor:
-    """``A + v·I`` in place, per matrix for a ``(B,)`` tensor ``v``."""
-    A.diagonal(dim1=-2, dim2=-1).add_(v[:, None] if isinstance(v, Tensor) else v)
-    return A
 
 
 def _gram(Xb: Tensor, wd: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:

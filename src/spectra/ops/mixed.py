@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops._common import (
+    add_to_diagonal,
     bf16_matmul,
     check_matrix_input,
     check_threshold,
@@ -148,7 +149,7 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
     wi = plan.w_id.to(wd).reshape(-1, 1, 1)
     wg = plan.w_g.to(wd).reshape(-1, 1, 1)
     G = plan.G.to(wd).reshape(-1, m, m)
-    M_hat = _add_to_diagonal(wg * G, wi)  # M̂ = w_G·G + w_I·I
+    M_hat = add_to_diagonal(wg * G, wi)  # M̂ = w_G·G + w_I·I
     exact = exact_steps(coeffs, math.sqrt(1.0 / plan.alpha))
     Z, E = None, M_hat
     if exact:
@@ -156,7 +157,7 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
         # that the α bound needed
         a, b, cc = coeffs[0]
         Z = torch.mul(plan.G2.to(wd).reshape(-1, m, m), cc * wg * wg)
-        Z = _add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * cc * wg * wi), a + b * wi + cc * wi * wi)
+        Z = add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * cc * wg * wi), a + b * wi + cc * wi * wi)
         Z, E = _coupled_steps(M_hat, coeffs[:exact], Z, split_bf16_matmul if split else None)
     if exact < len(coeffs):
         E16 = E.to(torch.bfloat16)
@@ -166,29 +167,17 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
 
 
-def _add_to_diagonal(A: Tensor, d: Tensor | float) -> Tensor:
-    """``A + d·I`` for a batch of square matrices and per-matrix ``d`` (shape ``(B, 1, 1)``)
-    or a number, in place on A."""
-    diagonal = A.diagonal(dim1=-2, dim2=-1)
-    d = d.squeeze(-1) if isinstance(d, Tensor) else d
-    if A.dtype == torch.bfloat16:  # sum in float32: a bf16 add would round d first
-        diagonal.copy_(diagonal.float() + d)
-    else:
-        diagonal.add_(d)
-    return A
-
-
 def _fused_quintic(E: Tensor, a: float, b: float, c: float, mm: Matmul | None = None) -> Tensor:
     """``aI + bE + cE²`` for a ``(B, m, m)`` batch with one fused product (``baddbmm``), which
     sums in float32 and rounds once for bf16 E (emulated through float32 on devices without
     bf16 units, with the same rounding); with ``mm``, ``E²`` is ``mm(E, E)``."""
     if mm is not None:
-        return _add_to_diagonal(torch.add(E, mm(E, E), alpha=c / b).mul_(b) if b else
+        return add_to_diagonal(torch.add(E, mm(E, E), alpha=c / b).mul_(b) if b else
                                 mm(E, E).mul_(c), a)  # fmt: skip
     if E.dtype == torch.bfloat16 and not has_bf16_units(E.device):
         E32 = E.float()
-        return _add_to_diagonal(torch.baddbmm(E32, E32, E32, beta=b, alpha=c), a).bfloat16()
-    return _add_to_diagonal(torch.baddbmm(E, E, E, beta=b, alpha=c), a)
+        return add_to_diagonal(torch.baddbmm(E32, E32, E32, beta=b, alpha=c), a).bfloat16()
+    return add_to_diagonal(torch.baddbmm(E, E, E, beta=b, alpha=c), a)
 
 
 def _coupled_steps(

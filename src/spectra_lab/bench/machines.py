@@ -86,9 +86,9 @@ def gpu_run_of(root: Path, path: str) -> Path | None:
 
 
 def runs_machines(folder: Path) -> str:
-    """The machines that the finished runs of a sweep (``folder/results.json``) record in
-    their ``run.json`` (the trainer records its machine there), with how many runs each; runs
-    without a record are counted as such."""
+    """The machines that the finished runs of a sweep (``folder/results.json``) record (in the
+    results themselves, else in each run's ``run.json``, where the trainer records its
+    machine), with how many runs each; runs without a record are counted as such."""
     results = folder / "results.json"
     runs = json.loads(results.read_text()).get("runs", []) if results.is_file() else []
     count: dict[str, int] = {}
@@ -96,7 +96,9 @@ def runs_machines(folder: Path) -> str:
         if run.get("status") != "done":
             continue
         about = folder / "runs" / run["name"] / "run.json"
-        machine = json.loads(about.read_text()).get("machine") if about.is_file() else None
+        machine = run.get("machine")
+        if machine is None and about.is_file():
+            machine = json.loads(about.read_text()).get("machine")
         name = machine_of(machine) if machine else "not recorded"
         count[name] = count.get(name, 0) + 1
     if not count:

@@ -111,20 +111,21 @@ OPS_ARGS = (
 PEERS = ("torch-adamw", "torch-adamw-fused", "torch-muon", "spectra-dmuon")
 OPTIM_ARGS = (
     "--repeats", "10", "--warmup", "2", "--methods", *PEERS, "spectra-adamw",
-    "spectra-adamw-polar", "spectra-adamw-mixed", "paper-wrap-bf16",
+    "spectra-adamw-polar", "spectra-adamw-mixed", "spectra-adamw-mixed-bf16", "paper-wrap-bf16",
 )  # fmt: skip
 #: The 780M shapes and the rows timed there (a few repeats: a step takes 0.1-0.5 s)
 OPTIM_780M_ARGS = (
     "--layers", "32", "--dim", "1280", "--hidden", "3584", "--methods", *PEERS,
-    "spectra-adamw", "spectra-adamw-polar", "spectra-adamw-mixed", "--repeats", "4",
-    "--warmup", "2", "--no-memory",
+    "spectra-adamw", "spectra-adamw-polar", "spectra-adamw-mixed", "spectra-adamw-mixed-bf16",
+    "--repeats", "4", "--warmup", "2", "--no-memory",
 )  # fmt: skip
-#: The step without host reads (eager, compiled whole, in a CUDA graph) and the bf16-first
-#: products beside the default step at the 124M shapes, with their memory
+#: The step without host reads (eager, compiled whole, in a CUDA graph) and ``polar``'s
+#: bf16-first products beside the default step at the 124M shapes, with their memory
+#: (``mixed``'s bf16-first products are timed at both sizes above, where a failed compile
+#: cannot take them down with it)
 CAPTURABLE_ARGS = (
     "--methods", "torch-adamw", "spectra-adamw", "spectra-adamw-capturable",
-    "spectra-adamw-compiled", "spectra-adamw-graph", "spectra-adamw-mixed-bf16",
-    "spectra-adamw-polar-bf16",
+    "spectra-adamw-compiled", "spectra-adamw-graph", "spectra-adamw-polar-bf16",
     "--repeats", "5", "--warmup", "2",
 )  # fmt: skip
 #: One default Spectra-AdamW step at the 124M shapes under torch.profiler (into PROFILE_FILE)

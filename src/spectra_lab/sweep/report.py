@@ -1,11 +1,11 @@
 """A sweep's results: final validation loss per run, mean ± std over seeds, best lr, curves.
 
-``results.json`` holds one record per run (its point, seed, status, final validation loss and
-median step and optimizer-step times) and one per group of runs that differ only in seed
-(mean, sample standard deviation, count, median step time); ``results.md`` is the same as
-tables, with the best value of the tuned field (default ``lr``) per method; ``curves.png``
-draws each group's validation loss, mean over seeds with a min–max band. All three are
-written atomically.
+``results.json`` holds one record per run (its point, seed, status, final validation loss,
+median step and optimizer-step times and the machine its ``run.json`` records) and one per
+group of runs that differ only in seed (mean, sample standard deviation, count, median step
+time); ``results.md`` is the same as tables, with the best value of the tuned field (default
+``lr``) per method; ``curves.png`` draws each group's validation loss, mean over seeds with a
+min–max band. All three are written atomically.
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ def step_times(run: Run) -> tuple[float | None, float | None]:
     return medians[0], medians[1]
 
 
+def machine(run: Run) -> dict[str, Any] | None:
+    """The machine the run's ``run.json`` records (the trainer writes it there), so that the
+    sweep's results name it without the run folders."""
+    about = Path(run.config.out_dir) / "run.json"
+    return json.loads(about.read_text()).get("machine") if about.is_file() else None
+
+
 def aggregate(runs: list[Run], tune: str = "lr") -> dict[str, Any]:
     """Per-run records, per-group mean ± std over seeds, and the best ``tune`` per method."""
     per_run = []
@@ -58,7 +65,8 @@ def aggregate(runs: list[Run], tune: str = "lr") -> dict[str, Any]:
         step_s, optimizer_s = step_times(run)
         per_run.append(
             {"name": run.name, "point": run.point, "seed": run.seed, "status": status(run),
-             "val_loss": loss, "step_s": step_s, "optimizer_s": optimizer_s}
+             "val_loss": loss, "step_s": step_s, "optimizer_s": optimizer_s,
+             "machine": machine(run)}
         )  # fmt: skip
         g = groups.setdefault(run.group, {"point": run.point, "losses": [], "runs": 0, "steps": []})
         g["runs"] += 1
