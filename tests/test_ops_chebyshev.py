@@ -116,6 +116,34 @@ def test_beyond_the_highest_degree_the_exact_weights_are_used(spike):
     assert rel_err(Y, soft_ref(X, c)) <= 1e-2  # eigh's float32 K·X at a spike of 1e5: 4e-3
 
 
+def flops(fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def test_a_matrix_beyond_the_highest_degree_costs_its_gram_matrix_once():
+    # products only (the eigendecomposition is not counted): G = XXᵀ, then eigh's
+    # K = Q diag(w) Qᵀ and K·X; G² only where G's row norms do not already rule the
+    # polynomial out
+    B, m, n = 3, 64, 96
+    gram_and_apply = 2 * (2 * m * m * n) + 2 * m**3
+    c = 0.7
+    X = spiked((B, m, n), c, 50.0, kind="adam")  # max_i ‖G_i‖/c² ≫ 25
+    Y = soft_clip(X, c, method="chebyshev")
+    assert torch.equal(Y, soft_clip(X, c, method="eigh"))
+    assert flops(lambda: soft_clip(X, c, method="chebyshev")) == B * gram_and_apply
+    S = torch.sign(torch.randn(m, m, generator=torch.Generator().manual_seed(0)))
+    G = S @ S.mT
+    c = float(torch.linalg.matrix_norm(S, ord=2)) / 6.0  # σ_max = 6c: beyond the degree
+    top = chebyshev.degree_limits(1e-3)[-1]
+    assert float(torch.linalg.vector_norm(G, dim=-1).amax()) / c**2 < top  # G² decides
+    assert torch.equal(soft_clip(S, c, method="chebyshev"), soft_clip(S, c, method="eigh"))
+    assert flops(lambda: soft_clip(S, c, method="chebyshev")) == 4 * (2 * m**3)  # G, G², K, K·S
+
+
 def test_a_batch_mixing_both_routes_clips_each_matrix_as_alone():
     c = 0.7
     X = torch.stack([spiked((24, 40), c, s, seed=i) for i, s in enumerate([2.0, 50.0, 0.5])])

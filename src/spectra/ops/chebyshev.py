@@ -24,13 +24,15 @@ product), then Horner's rule in ``T^s`` over blocks of s coefficients; ``s`` min
 products, ``(s − 2) + ⌈(d + 1)/s⌉ − 1``. The main job's 192-wide matrices take degrees 2–12,
 five products of ``m × m`` or fewer besides the Gram matrix and ``K·X``: its optimizer step is
 faster than with ``"eigh"`` or ``"mixed"`` on a CPU without bf16 units (docs/operators.md).
-The monomial
-coefficients of the interpolant grow with the degree (their absolute sum is 7 at d = 12, 240 at
-d = 17 and 1e5 at d = 25), and float32 rounding grows with them, so the degree stops at
-``CHEB_MAX_DEGREE``: matrices whose L needs more (``L ≳ 25`` at ``tol = 1e-3``, i.e.
-``σ_max ≳ 5c``) take the exact weights of :mod:`spectra.ops.eigh` instead.
+The monomial coefficients of the interpolant grow with the degree (their absolute sum is 7 at
+d = 12, 240 at d = 17 and 1e5 at d = 25), and float32 rounding grows with them, so the degree
+stops at ``CHEB_MAX_DEGREE``: matrices whose L needs more (``L ≳ 25`` at ``tol = 1e-3``, i.e.
+``σ_max ≳ 5c``) take the exact weights of :mod:`spectra.ops.eigh` instead, from the same Gram
+matrix; those that G's row norms already show to be there skip ``G²`` (:func:`_plan`), so
+they cost what ``"eigh"`` costs.
 
-One host read per call (the degrees); the Gram route computes the same polynomial from G alone.
+Two host reads per call (a lower bound of each σ_max, then the degrees); the Gram route
+computes the same polynomial from G alone.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from spectra.ops._common import (
 )
 from spectra.ops.base import ClipMethod, Operator, Options
 from spectra.ops.eigh import exact_gram_factor, soft_weight, spectral_map
-from spectra.ops.polar import DIRECT_RANGE, check_tol, gram_square_and_bound, grams, scaled_x
+from spectra.ops.polar import DIRECT_RANGE, check_tol, gram_square_and_bound, scaled_x
 
 #: The highest degree of the polynomial: its monomial coefficients then sum to at most ~240 in
 #: absolute value, so float32 rounding adds at most ~1e-5 to the result.
@@ -159,39 +161,55 @@ def polynomial(G: Tensor, G2: Tensor, u: Tensor, a: Tensor) -> Tensor:
     return K
 
 
-def _gram(Xb: Tensor, wd: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(G, G², u, s)`` for a ``(B, m, n)`` batch: the Gram matrix of ``X/s`` in ``wd`` (``s``
-    a power of two near ``max|X|``, float64 ``(B,)``), its square and the bound ``u ≥ λ_max(G)``
-    of :func:`spectra.ops.polar.gram_square_and_bound`. A float32 G is formed from X itself and
-    scaled afterwards where the scales allow it (no scaled copy of X), as ``"polar"`` does."""
+def _gram(Xb: Tensor, wd: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(G, s)`` for a ``(B, m, n)`` batch: the Gram matrix of ``X/s`` in ``wd``, ``s`` a power
+    of two near ``max|X|`` (float64, ``(B, 1, 1)``), as :func:`spectra.ops.eigh.scaled_gram`
+    forms it. A float32 G is formed from X itself and scaled afterwards where the scales allow
+    it (no scaled copy of X), as ``"polar"`` does."""
     scale = pow2_scale(Xb)
     direct = wd == torch.float32 and Xb.dtype != torch.float64
     if direct and bool(((scale >= DIRECT_RANGE[0]) & (scale <= DIRECT_RANGE[1])).all()):
-        G, G2, u = grams(Xb.to(torch.float32), False, scale.reciprocal())
-    else:
-        G, G2, u = grams(scaled_x(Xb, scale, wd), False)
-    return G, G2, u, scale.reshape(-1)
+        Xf = Xb.to(torch.float32)
+        return (Xf @ Xf.mT).mul_(scale.reciprocal().square().to(torch.float32)), scale
+    Xh = scaled_x(Xb, scale, wd)
+    return Xh @ Xh.mT, scale
 
 
 def _plan(
-    G: Tensor, G2: Tensor, u: Tensor, scale2: Tensor, c: float, tol: float
-) -> tuple[Tensor | None, list[int], list[int]]:
-    """``(K, poly, exact)`` for a ``(B, m, m)`` batch of Gram matrices of ``X/s`` with their
-    squares and bounds ``u`` (``scale2 = s²``, float64 ``(B,)``): the polynomial factor of the
-    matrices ``poly`` (in that order; ``None`` if there are none) and the matrices ``exact``
-    whose L needs a higher degree than ``CHEB_MAX_DEGREE``. One host read."""
-    L = (u * scale2 / (c * c)).cpu()
-    found = degrees(L.tolist(), tol)
-    poly = [i for i, d in enumerate(found) if d is not None]
-    exact = [i for i, d in enumerate(found) if d is None]
-    if not poly:
-        return None, poly, exact
+    G: Tensor, scale2: Tensor, c: float, tol: float
+) -> tuple[Tensor | None, Tensor, list[int], list[int]]:
+    """``(K, u, poly, exact)`` for a ``(B, m, m)`` batch of Gram matrices of ``X/s``
+    (``scale2 = s²``, float64 ``(B,)``): the polynomial factor of the matrices ``poly`` (in
+    that order; ``None`` if there are none), their bounds ``u ≥ λ_max(G)`` (float64), and the
+    matrices ``exact`` whose L needs a higher degree than ``CHEB_MAX_DEGREE``.
+
+    G's largest row norm is a lower bound, ``max_i ‖G_{i,:}‖ = max_i ‖G e_i‖ ≤ λ_max(G)``: the
+    matrices it already puts beyond that degree go to ``exact`` before ``G²`` is formed (one
+    host read), and the bounds u of the others decide (a second). Every matrix so sent has
+    ``u ≥ λ_max`` beyond the degree as well, so the split is the one the bounds give."""
+    top, cc = degree_limits(tol)[-1], c * c
+    low = torch.linalg.vector_norm(G, dim=-1).amax(dim=-1).to(torch.float64) * scale2 / cc
+    low = low.tolist()
+    maybe = [i for i, x in enumerate(low) if x <= top]
+    exact = [i for i, x in enumerate(low) if x > top]
+    if not maybe:
+        return None, scale2.new_zeros(0), [], exact
     if exact:
-        rows = torch.tensor(poly, device=G.device)
-        G, G2, u, L = G[rows], G2[rows], u[rows], L[poly]
-    a = interpolant(L, max(found[i] for i in poly)).to(G.device)
-    u = torch.where(u > 0, u, torch.ones_like(u))  # G = 0: T = −I and p(−1) = 1
-    return polynomial(G, G2, u, a), poly, exact
+        rows = torch.tensor(maybe, device=G.device)
+        G, scale2 = G[rows], scale2[rows]
+    G, G2, u = gram_square_and_bound(G)
+    found = degrees((u * scale2 / cc).tolist(), tol)
+    keep = [k for k, d in enumerate(found) if d is not None]
+    poly = [maybe[k] for k in keep]
+    exact = sorted(exact + [maybe[k] for k, d in enumerate(found) if d is None])
+    if not keep:
+        return None, u[:0], poly, exact
+    if len(keep) < len(found):
+        rows = torch.tensor(keep, device=G.device)
+        G, G2, u, scale2 = G[rows], G2[rows], u[rows], scale2[rows]
+    a = interpolant((u * scale2 / cc).cpu(), max(found[k] for k in keep)).to(G.device)
+    safe = torch.where(u > 0, u, torch.ones_like(u))  # G = 0: T = −I and p(−1) = 1
+    return polynomial(G, G2, safe, a), u, poly, exact
 
 
 def _precision(X: Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -205,25 +223,28 @@ def _precision(X: Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 def _soft_with_norm(X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:
     """``(H_c(X), s_max)``: the polynomial clip where its degree suffices, the exact one of
-    :func:`spectra.ops.eigh.spectral_map` elsewhere; ``s_max = √u`` (``σ_max ≤ s_max ≤
-    r^{1/4}·σ_max``, as for ``"polar"``), σ_max itself for the exact matrices."""
+    :func:`spectra.ops.eigh.spectral_map` on the same Gram matrix elsewhere; ``s_max = √u``
+    (``σ_max ≤ s_max ≤ r^{1/4}·σ_max``, as for ``"polar"``), σ_max itself for the exact
+    matrices."""
     Xw, transposed = wide_view(X)
     batch, (m, n) = Xw.shape[:-2], Xw.shape[-2:]
     Xb = Xw.reshape(-1, m, n)
     wd = _precision(Xb, options.ns_dtype)
-    G, G2, u, scale = _gram(Xb, wd)
-    K, poly, exact = _plan(G, G2, u, scale.square(), c, options.tol)
-    del G, G2
-    norm = u.sqrt() * scale
+    G, scale = _gram(Xb, wd)
+    s = scale.reshape(-1)
+    K, u, poly, exact = _plan(G, s.square(), c, options.tol)
     if not exact:
-        Y = (K @ Xb.to(wd)).to(X.dtype)
+        del G
+        Y, norm = (K @ Xb.to(wd)).to(X.dtype), u.sqrt() * s
     else:
-        Y = torch.empty_like(Xb)
+        Y, norm = torch.empty_like(Xb), torch.empty_like(s)
         if poly:
             rows = torch.tensor(poly, device=X.device)
-            Y[rows] = (K @ Xb[rows].to(wd)).to(X.dtype)
+            Y[rows], norm[rows] = (K @ Xb[rows].to(wd)).to(X.dtype), u.sqrt() * s[rows]
         rows = torch.tensor(exact, device=X.device)
-        Y[rows], norm[rows] = spectral_map(Xb[rows], c, soft_weight(c), options.ns_dtype)
+        gram = (G[rows], scale[rows])
+        del G
+        Y[rows], norm[rows] = spectral_map(Xb[rows], c, soft_weight(c), options.ns_dtype, gram)
     return orient(Y.reshape(*batch, m, n), transposed), norm.reshape(batch)
 
 
@@ -240,8 +261,7 @@ def _gram_factor(
     Gb = G.reshape(-1, m, m).to(options.ns_dtype or G.dtype)
     dmax = Gb.diagonal(dim1=-2, dim2=-1).amax(dim=-1).to(torch.float64)
     scale2 = pow2_floor(dmax.sqrt()).square()
-    Gs, G2, u = gram_square_and_bound(Gb / scale2.to(Gb.dtype)[:, None, None])
-    K, poly, exact = _plan(Gs, G2, u, scale2, c, options.tol)
+    K, _, poly, exact = _plan(Gb / scale2.to(Gb.dtype)[:, None, None], scale2, c, options.tol)
     if exact:
         K_exact = exact_gram_factor(soft_weight)(Gb[exact], c, options, source_dtype)
         if K_exact is None:

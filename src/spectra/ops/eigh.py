@@ -119,7 +119,11 @@ def _precision(Xw: Tensor, c: float, dtype: torch.dtype | None) -> torch.dtype:
 
 
 def spectral_map(
-    X: Tensor, c: float, weight: Weight, dtype: torch.dtype | None = None
+    X: Tensor,
+    c: float,
+    weight: Weight,
+    dtype: torch.dtype | None = None,
+    gram: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``X ↦ U diag(σ·w(σ)) Vᵀ`` through the eigendecomposition of the small Gram matrix, and
     each matrix's σ_max (float64, shape ``X.shape[:-2]``) from the same eigenvalues.
@@ -135,10 +139,19 @@ def spectral_map(
     ``1e-7·(σ_max/c)²`` (docs/operators.md), so the bound keeps it near 1e-3. One power step
     from X's largest row bounds σ_max from below, so a batch that clearly needs float64 goes
     there directly; otherwise the float32 eigenvalues decide.
+
+    ``gram = (G, s)`` passes a Gram matrix the caller has formed already, ``G = X̂X̂ᵀ`` of the
+    wide view with ``X̂ = X/s`` (``s`` of shape ``(..., 1, 1)``), in the precision
+    :func:`scaled_gram` would take or float64: a float32 one is then kept while its own
+    eigenvalues allow it.
     """
     Xw, transposed = wide_view(X)
-    wd = _precision(Xw, c, dtype)
-    G, scale = scaled_gram(Xw, wd)
+    if gram is None:
+        wd = _precision(Xw, c, dtype)
+        G, scale = scaled_gram(Xw, wd)
+    else:
+        G, scale = gram
+        wd = G.dtype
     eig = None
     if dtype is None and wd == torch.float32 and G.numel():
         eig = _eigh(G, scale)

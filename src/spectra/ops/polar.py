@@ -117,7 +117,7 @@ def scaled_x(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
     return (Xw.to(torch.float64) / scale).to(dtype)
 
 
-def grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def _grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
     :func:`gram_square_and_bound`."""
     mm = split_bf16_matmul if split else torch.matmul
@@ -157,9 +157,9 @@ def gram_state(Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = T
     if direct and first == torch.float32 and Xw.dtype != torch.float64:
         x_inv = scale.reciprocal()
         in_range = ((scale >= DIRECT_RANGE[0]) & (scale <= DIRECT_RANGE[1])).all()
-        G, G2, lam = grams(Xw.to(torch.float32), split, x_inv)
+        G, G2, lam = _grams(Xw.to(torch.float32), split, x_inv)
     else:
-        G, G2, lam = grams(scaled_x(Xw, scale, first), split)
+        G, G2, lam = _grams(scaled_x(Xw, scale, first), split)
     return bounds(G, G2, lam, scale, c, split, exact, x_inv, in_range)
 
 
