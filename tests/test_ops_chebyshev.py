@@ -117,11 +117,47 @@ def test_beyond_the_highest_degree_the_exact_weights_are_used(spike):
 
 
 def flops(fn) -> int:
+    """The products' flops of ``fn()`` on one thread (the counter sees the calling thread's)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
-        fn()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            fn()
+    finally:
+        torch.set_num_threads(threads)
     return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_exact_matrices_run_side_by_side_as_they_run_alone(threads):
+    # eigh's weights on T threads, a slice of the batch each, against one thread; the float64
+    # SVD for a spike that sends a slice's eigh to float64 (σ_max/c = 1e3)
+    c = 0.7
+    # σ_max/c ≤ 50 keeps every eigh in float32, whichever matrices share a slice
+    X = torch.stack([spiked((24, 40), c, s, seed=i) for i, s in enumerate([9.0, 50.0, 2.0, 20.0,
+                                                                            30.0])])  # fmt: skip
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = soft_clip_with_norm(X, c, method="chebyshev")
+        torch.set_num_threads(threads)
+        side = soft_clip_with_norm(X, c, method="chebyshev")
+        assert torch.get_num_threads() == threads  # restored after the side-by-side part
+    finally:
+        torch.set_num_threads(old)
+    assert torch.allclose(side[0], alone[0], rtol=0, atol=1e-6)
+    assert torch.equal(side[1], alone[1])
+    for i in (0, 1, 3, 4):  # the exact ones
+        assert rel_err(side[0][i], soft_ref(X[i], c)) <= 1e-2
+    X[4] = spiked((24, 40), c, 1e3, seed=4)
+    torch.set_num_threads(threads)
+    try:
+        Y = soft_clip(X, c, method="chebyshev")
+    finally:
+        torch.set_num_threads(old)
+    assert max(rel_err(Y[i], soft_ref(X[i], c)) for i in range(5)) <= 1e-2
 
 
 def test_a_matrix_beyond_the_highest_degree_costs_its_gram_matrix_once():

@@ -38,7 +38,9 @@ computes the same polynomial from G alone.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -50,6 +52,7 @@ from spectra.ops._common import (
     orient,
     pow2_floor,
     pow2_scale,
+    single_thread_lapack,
     wide_view,
 )
 from spectra.ops.base import ClipMethod, Operator, Options
@@ -236,16 +239,45 @@ def _soft_with_norm(X: Tensor, c: float, options: Options) -> tuple[Tensor, Tens
     if not exact:
         del G
         Y, norm = (K @ Xb.to(wd)).to(X.dtype), u.sqrt() * s
+    elif not poly:
+        Y, norm = _exact(Xb, (G, scale), c, options)
     else:
         Y, norm = torch.empty_like(Xb), torch.empty_like(s)
-        if poly:
-            rows = torch.tensor(poly, device=X.device)
-            Y[rows], norm[rows] = (K @ Xb[rows].to(wd)).to(X.dtype), u.sqrt() * s[rows]
+        rows = torch.tensor(poly, device=X.device)
+        Y[rows], norm[rows] = (K @ Xb[rows].to(wd)).to(X.dtype), u.sqrt() * s[rows]
         rows = torch.tensor(exact, device=X.device)
         gram = (G[rows], scale[rows])
-        del G
-        Y[rows], norm[rows] = spectral_map(Xb[rows], c, soft_weight(c), options.ns_dtype, gram)
+        del G, K
+        Y[rows], norm[rows] = _exact(Xb[rows], gram, c, options)
     return orient(Y.reshape(*batch, m, n), transposed), norm.reshape(batch)
+
+
+def _exact(
+    Xb: Tensor, gram: tuple[Tensor, Tensor], c: float, options: Options
+) -> tuple[Tensor, Tensor]:
+    """:func:`spectra.ops.eigh.spectral_map`'s soft clip of a ``(B, m, n)`` batch and its σ_max,
+    from its Gram matrices ``gram = (G, s)``. Each eigendecomposition runs on one intra-op
+    thread, so on a CPU with ``T > 1`` threads, T slices of the batch run side by side, one
+    thread each, as ``"eigh"``'s own batches run (:mod:`spectra.ops.batched`)."""
+    G, scale = gram
+    B, weight = Xb.shape[0], soft_weight(c)
+    parts = min(torch.get_num_threads(), B) if Xb.device.type == "cpu" else 1
+    if parts < 2:
+        return spectral_map(Xb, c, weight, options.ns_dtype, gram)
+    Y = torch.empty_like(Xb)
+    norm = torch.empty(B, dtype=torch.float64, device=Xb.device)
+    grad = torch.is_grad_enabled()  # thread-local: the workers take the caller's
+
+    def run(lo: int, hi: int) -> None:
+        with torch.set_grad_enabled(grad):
+            part = (G[lo:hi], scale[lo:hi])
+            Y[lo:hi], norm[lo:hi] = spectral_map(Xb[lo:hi], c, weight, options.ns_dtype, part)
+
+    edges = [B * k // parts for k in range(parts + 1)]
+    with single_thread_lapack(Xb.device), ThreadPoolExecutor(parts) as pool:
+        for done in [pool.submit(run, lo, hi) for lo, hi in itertools.pairwise(edges)]:
+            done.result()
+    return Y, norm
 
 
 def _gram_factor(
