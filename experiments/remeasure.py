@@ -70,8 +70,8 @@ COMMANDS: dict[str, str] = {
     "docs/figures/ssc_vs_orth.png --out docs/data/bench_ssc_vs_orth_cpu.json",
     "bench_optim_cpu_2threads": NO_BF16
     + "spectra bench optim --threads 2 --repeats 2 --methods torch-adamw torch-adamw-loop "
-    "spectra-adamw spectra-adamw-chunked spectra-wrap paper-wrap-bf16 paper-wrap-fp32 --json "
-    "docs/data/bench_optim_cpu_2threads.json",
+    "spectra-adamw spectra-adamw-eigh spectra-adamw-chunked spectra-wrap paper-wrap-bf16 "
+    "paper-wrap-fp32 --json docs/data/bench_optim_cpu_2threads.json",
     "bench_optim_cpu_native_bf16_2threads": "spectra bench optim --threads 2 --repeats 2 "
     "--warmup 1 --methods torch-adamw spectra-adamw spectra-adamw-eigh spectra-adamw-polar "
     "spectra-wrap paper-wrap-bf16 paper-wrap-fp32 --json "

@@ -162,22 +162,32 @@ def test_the_exact_matrices_run_side_by_side_as_they_run_alone(threads):
 
 def test_a_matrix_beyond_the_highest_degree_costs_its_gram_matrix_once():
     # products only (the eigendecomposition is not counted): G = XXᵀ, then eigh's
-    # K = Q diag(w) Qᵀ and K·X; G² only where G's row norms do not already rule the
-    # polynomial out
+    # K = Q diag(w) Qᵀ and K·X; G² only where the lower bound of u from G alone,
+    # min(Gershgorin, (Σ_i ‖G_i‖⁴)^¼), does not already rule the polynomial out
     B, m, n = 3, 64, 96
-    gram_and_apply = 2 * (2 * m * m * n) + 2 * m**3
-    c = 0.7
-    X = spiked((B, m, n), c, 50.0, kind="adam")  # max_i ‖G_i‖/c² ≫ 25
-    Y = soft_clip(X, c, method="chebyshev")
-    assert torch.equal(Y, soft_clip(X, c, method="eigh"))
-    assert flops(lambda: soft_clip(X, c, method="chebyshev")) == B * gram_and_apply
-    S = torch.sign(torch.randn(m, m, generator=torch.Generator().manual_seed(0)))
-    G = S @ S.mT
-    c = float(torch.linalg.matrix_norm(S, ord=2)) / 6.0  # σ_max = 6c: beyond the degree
     top = chebyshev.degree_limits(1e-3)[-1]
-    assert float(torch.linalg.vector_norm(G, dim=-1).amax()) / c**2 < top  # G² decides
-    assert torch.equal(soft_clip(S, c, method="chebyshev"), soft_clip(S, c, method="eigh"))
-    assert flops(lambda: soft_clip(S, c, method="chebyshev")) == 4 * (2 * m**3)  # G, G², K, K·S
+
+    def low(G: torch.Tensor) -> float:
+        g = G.abs().sum(-1).amax()
+        return float(torch.minimum(g, G.norm(dim=-1).pow(4).sum().pow(0.25)))
+
+    c = 0.7
+    X = spiked((B, m, n), c, 50.0, kind="adam")
+    assert all(low(G) / c**2 > top for G in X @ X.mT)
+    assert torch.equal(soft_clip(X, c, method="chebyshev"), soft_clip(X, c, method="eigh"))
+    gram_and_apply = 2 * (2 * m * m * n) + 2 * m**3
+    assert flops(lambda: soft_clip(X, c, method="chebyshev")) == B * gram_and_apply
+    # a sign matrix at σ_max = 5.5c (the Adam direction of a random gradient): ruled out by G
+    S = torch.sign(torch.randn(m, n, generator=torch.Generator().manual_seed(0)))
+    c = float(torch.linalg.matrix_norm(S, ord=2)) / 5.5
+    assert low(S @ S.mT) / c**2 > top
+    assert flops(lambda: soft_clip(S, c, method="chebyshev")) == gram_and_apply
+    # rank one with a flat left vector: the bound is √m away from u = σ², so G² decides
+    v = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    R = torch.outer(torch.ones(m), v / v.norm()) * (6.0 * c / m**0.5)  # σ_max = 6c
+    assert low(R @ R.mT) / c**2 < top < 36.0 * (1 - 1e-5)
+    assert torch.equal(soft_clip(R, c, method="chebyshev"), soft_clip(R, c, method="eigh"))
+    assert flops(lambda: soft_clip(R, c, method="chebyshev")) == gram_and_apply + 2 * m**3
 
 
 def test_a_batch_mixing_both_routes_clips_each_matrix_as_alone():

@@ -28,8 +28,8 @@ The monomial coefficients of the interpolant grow with the degree (their absolut
 d = 12, 240 at d = 17 and 1e5 at d = 25), and float32 rounding grows with them, so the degree
 stops at ``CHEB_MAX_DEGREE``: matrices whose L needs more (``L ≳ 25`` at ``tol = 1e-3``, i.e.
 ``σ_max ≳ 5c``) take the exact weights of :mod:`spectra.ops.eigh` instead, from the same Gram
-matrix; those that G's row norms already show to be there skip ``G²`` (:func:`_plan`), so
-they cost what ``"eigh"`` costs.
+matrix; those that a lower bound of u from G alone already puts there skip ``G²``
+(:func:`_plan`), so they cost what ``"eigh"`` costs.
 
 Two host reads per call (a lower bound of each σ_max, then the degrees); the Gram route
 computes the same polynomial from G alone.
@@ -186,13 +186,16 @@ def _plan(
     that order; ``None`` if there are none), their bounds ``u ≥ λ_max(G)`` (float64), and the
     matrices ``exact`` whose L needs a higher degree than ``CHEB_MAX_DEGREE``.
 
-    G's largest row norm is a lower bound, ``max_i ‖G_{i,:}‖ = max_i ‖G e_i‖ ≤ λ_max(G)``: the
-    matrices it already puts beyond that degree go to ``exact`` before ``G²`` is formed (one
-    host read), and the bounds u of the others decide (a second). Every matrix so sent has
-    ``u ≥ λ_max`` beyond the degree as well, so the split is the one the bounds give."""
+    The bound is ``u = min(g, ‖G²‖_F^{1/2})`` with g the largest absolute row sum (Gershgorin),
+    and ``‖G²‖_F² ≥ Σ_i ((G²)_ii)² = Σ_i ‖G_{i,:}‖⁴``, so ``min(g, (Σ_i ‖G_{i,:}‖⁴)^{1/4}) ≤ u``
+    comes from G alone: the matrices it already puts beyond that degree go to ``exact`` before
+    ``G²`` is formed (one host read), and the bounds u of the others decide (a second). The
+    split is the one the bounds u give (up to the rounding of the two).
+    """
     top, cc = degree_limits(tol)[-1], c * c
-    low = torch.linalg.vector_norm(G, dim=-1).amax(dim=-1).to(torch.float64) * scale2 / cc
-    low = low.tolist()
+    gersh = G.abs().sum(dim=-1).amax(dim=-1).to(torch.float64)
+    rows4 = torch.linalg.vector_norm(G, dim=-1).to(torch.float64).pow(4).sum(dim=-1)
+    low = (torch.minimum(gersh, rows4.pow(0.25)) * scale2 / cc).tolist()
     maybe = [i for i, x in enumerate(low) if x <= top]
     exact = [i for i, x in enumerate(low) if x > top]
     if not maybe:

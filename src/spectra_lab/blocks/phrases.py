@@ -205,6 +205,16 @@ def memory(root: Path) -> str:
     )
 
 
+def default_124m(root: Path) -> str:
+    """The default step at the 124M shapes on the path without bf16 units against ``eigh``'s and
+    the paper's bf16 wrapper's (``docs/data/bench_optim_cpu_2threads.json``)."""
+    stored = json_of(root, "docs/data/bench_optim_cpu_2threads.json")
+    rows = {r["method"]: r["step_s"] for r in stored["rows"]}
+    step = rows["spectra-adamw"]
+    return (f"takes {step / rows['spectra-adamw-eigh']:.2f}× the time of `eigh`'s and "
+            f"{step / rows['paper-wrap-bf16']:.2f}× the paper's bf16 wrapper's")  # fmt: skip
+
+
 def rates(root: Path) -> list[dict]:
     names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
              "bench_ssc_vs_orth_cpu")  # fmt: skip
@@ -214,7 +224,7 @@ def rates(root: Path) -> list[dict]:
 QUOTED = {"repro-same": repro_same, "repro-spectra": repro_spectra,
            "repro-generic": repro_generic, "step-clip": step_clip,
            "step-clip-verdict": step_clip_verdict, "vs-muon": vs_muon,
-           "fused": fused, "memory": memory}  # fmt: skip
+           "fused": fused, "memory": memory, "124m-default": default_124m}  # fmt: skip
 
 
 #: The phrases by block key.
