@@ -1,9 +1,11 @@
-"""The main job's training step with each soft-clip method, against its AdamW twin, side by side.
+"""The main job's training step with each soft-clip method, against its unclipped twin, side by
+side.
 
 Builds the main job's model and optimizers as ``spectra train`` does (``spectra bench step``'s
 ``build``: preset ``cpu-small``, batch 16 × 256 tokens, clipped attention and MLP matrices),
 one AdamW twin and one Spectra-AdamW per ``--methods`` entry (``clip_method``; ``auto`` is the
-default), and steps them in turn on the same random tokens (step k of each before step k + 1 of
+default; ``--optimizer spectra-signum`` or ``spectra-ademamix`` for another base and its
+twin), and steps them in turn on the same random tokens (step k of each before step k + 1 of
 any), so that a shared machine's drift reaches all alike. Prints, per row, the medians of the
 whole step and of ``optimizer.step()`` and the step ratio to the twin, both from the totals and
 by optimizer time (``1 + (t_opt − t_opt,twin)/t_step,twin``). The CPU's bf16 path is what
@@ -34,6 +36,10 @@ ISA_ENV = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY
            "SPECTRA_CPU_BF16_UNITS")  # fmt: skip
 
 
+#: The SPECTRA optimizers this compares, and the unclipped twin each is stepped beside.
+TWINS = {"spectra-adamw": "adamw", "spectra-signum": "signum", "spectra-ademamix": "ademamix"}
+
+
 def make_run(label: str, optimizer: str, kwargs: dict, batch_size: int, steps: int) -> _Run:
     cfg, model, model_cfg, opt = build(
         optimizer, "cpu-small", batch_size=batch_size, steps=steps, seed=0,
@@ -58,6 +64,8 @@ def cpu_flags() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", nargs="+", default=["auto/32", "auto", "mixed"])
+    ap.add_argument("--optimizer", default="spectra-adamw", choices=sorted(TWINS),
+                    help="the SPECTRA optimizer, stepped beside its unclipped twin")  # fmt: skip
     ap.add_argument("--steps", type=int, default=15, help="timed steps (medians)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -69,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     total = args.warmup + args.steps
-    runs = [make_run("adamw", "adamw", {}, args.batch_size, total)]
+    twin = TWINS[args.optimizer]
+    runs = [make_run(twin, twin, {}, args.batch_size, total)]
     clipped = sum(p.numel() for g in runs[0].optimizer.param_groups if g["group"] in
                   ("attn", "hidden") for p in g["params"])  # fmt: skip
     for m in args.methods:
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         kw = {} if method == "auto" else {"clip_method": method}
         if old:  # the cap of one batch before the floor: 1/32 of the clipped elements
             kw["batch_elements"] = -(-clipped // int(old))
-        runs.append(make_run(f"spectra-adamw {m}", "spectra-adamw", kw, args.batch_size, total))
+        runs.append(make_run(f"{args.optimizer} {m}", args.optimizer, kw, args.batch_size, total))
     device = torch.device("cpu")
     for k in range(total):
         for run in runs:

@@ -117,6 +117,9 @@ COMMANDS: dict[str, str] = {
     "main_job_clip_step_no_bf16": NO_BF16
     + "python experiments/clip_method_step.py --methods eigh/32 eigh mixed auto --steps 15 "
     "--warmup 3 --json docs/data/main_job_clip_step_no_bf16.json",
+    "main_job_clip_step_signum_no_bf16": NO_BF16
+    + "python experiments/clip_method_step.py --optimizer spectra-signum --methods eigh auto "
+    "--steps 15 --warmup 3 --json docs/data/main_job_clip_step_signum_no_bf16.json",
     "main_job_clip_step_avx2": "MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "
     "ATEN_CPU_CAPABILITY=avx2 "
     + NO_BF16

@@ -212,7 +212,7 @@ def test_the_runs_of_the_path_without_bf16_units_took_it():
     # the pages quote these for a CPU without bf16 units: each took that path on purpose
     names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
              "bench_ssc_vs_orth_cpu", "main_job_clip_step_no_bf16",
-             "main_job_clip_step_avx2")  # fmt: skip
+             "main_job_clip_step_avx2", "main_job_clip_step_signum_no_bf16")  # fmt: skip
     for name in names:
         assert data(f"docs/data/{name}.json")["cpu_bf16"].startswith("emulated"), name
 

@@ -295,7 +295,7 @@ def split_cost(root: Path) -> str:
     )
 
 
-def _clip_step_table(root: Path, name: str, labels: dict[str, str]) -> str:
+def clip_step_table(root: Path, name: str, labels: dict[str, str]) -> str:
     """The rows of an ``experiments/clip_method_step.py`` run (``docs/data/NAME.json``)."""
     stored = json_of(root, f"docs/data/{name}.json")["rows"]
     rows = [[labels[r["row"]], f"{r['total_ms']:.1f}", f"{r['optimizer_ms']:.1f}",
@@ -312,7 +312,7 @@ def no_bf16_table(root: Path) -> str:
               "spectra-adamw eigh": "`eigh`, batches of at least 2¹⁸ elements",
               "spectra-adamw mixed": "`mixed`",
               "spectra-adamw auto": "`chebyshev` (the default)"}  # fmt: skip
-    return _clip_step_table(root, "main_job_clip_step_no_bf16", labels)
+    return clip_step_table(root, "main_job_clip_step_no_bf16", labels)
 
 
 def avx2_table(root: Path) -> str:
@@ -320,7 +320,7 @@ def avx2_table(root: Path) -> str:
     labels = {"adamw": "AdamW twin", "spectra-adamw auto": "`chebyshev` (the default)",
               "spectra-adamw eigh": "`eigh`", "spectra-adamw mixed": "`mixed`",
               "spectra-adamw polar": "`polar`"}  # fmt: skip
-    return _clip_step_table(root, "main_job_clip_step_avx2", labels)
+    return clip_step_table(root, "main_job_clip_step_avx2", labels)
 
 
 def avx2_verdict(root: Path) -> str:

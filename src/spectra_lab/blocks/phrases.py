@@ -215,6 +215,15 @@ def default_124m(root: Path) -> str:
             f"{step / rows['paper-wrap-bf16']:.2f}× the paper's bf16 wrapper's")  # fmt: skip
 
 
+def signum_no_bf16(root: Path) -> str:
+    """Spectra-Signum's clip without bf16 units, ``eigh`` against the default (``chebyshev``)."""
+    from spectra_lab.blocks.operators_phrases import clip_step_table
+
+    labels = {"signum": "Signum twin", "spectra-signum eigh": "`eigh`",
+              "spectra-signum auto": "`chebyshev` (the default)"}  # fmt: skip
+    return clip_step_table(root, "main_job_clip_step_signum_no_bf16", labels)
+
+
 def rates(root: Path) -> list[dict]:
     names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
              "bench_ssc_vs_orth_cpu")  # fmt: skip
@@ -229,6 +238,7 @@ QUOTED = {"repro-same": repro_same, "repro-spectra": repro_spectra,
 
 #: The phrases by block key.
 PHRASES: dict[str, Callable[[Path], str]] = {
+    "data:operators-signum-no-bf16-table": signum_no_bf16,
     **{f"data:diag-{k}": f for k, f in DIAGNOSTICS.items()},
     **{f"data:q-{k}": f for k, f in QUOTED.items()},
 }
