@@ -190,6 +190,21 @@ def test_a_matrix_beyond_the_highest_degree_costs_its_gram_matrix_once():
     assert flops(lambda: soft_clip(R, c, method="chebyshev")) == gram_and_apply + 2 * m**3
 
 
+@pytest.mark.parametrize("spike, dtypes", [(50.0, [torch.float32]), (1e3, [torch.float64])])
+def test_the_exact_matrices_take_the_eigendecomposition_eigh_takes(spike, dtypes, monkeypatch):
+    # σ_max/c = 1e3 > 100: float64 at once (G's largest row norm shows it), no float32 eigh first
+    from spectra.ops import eigh
+
+    seen, real = [], eigh._eigh
+    monkeypatch.setattr(eigh, "_eigh", lambda G, s: seen.append(G.dtype) or real(G, s))
+    c = 0.7
+    X = spiked((48, 96), c, spike, kind="adam")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one slice
+    Y = soft_clip(X, c, method="chebyshev")
+    assert seen == dtypes
+    assert rel_err(Y, soft_ref(X, c)) <= 1e-2
+
+
 def test_a_batch_mixing_both_routes_clips_each_matrix_as_alone():
     c = 0.7
     X = torch.stack([spiked((24, 40), c, s, seed=i) for i, s in enumerate([2.0, 50.0, 0.5])])

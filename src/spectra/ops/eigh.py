@@ -142,7 +142,8 @@ def spectral_map(
 
     ``gram = (G, s)`` passes a Gram matrix the caller has formed already, ``G = X̂X̂ᵀ`` of the
     wide view with ``X̂ = X/s`` (``s`` of shape ``(..., 1, 1)``), in the precision
-    :func:`scaled_gram` would take or float64: a float32 one is then kept while its own
+    :func:`scaled_gram` would take or float64: a float32 one is formed again in float64 where
+    its largest row norm (``≤ λ_max``) already shows the need, and otherwise kept while its own
     eigenvalues allow it.
     """
     Xw, transposed = wide_view(X)
@@ -152,6 +153,13 @@ def spectral_map(
     else:
         G, scale = gram
         wd = G.dtype
+        if dtype is None and wd == torch.float32 and G.numel():
+            # ‖G e_i‖ ≤ λ_max(G): a batch that this already shows to need float64 goes there
+            low = torch.linalg.vector_norm(G, dim=-1).amax(dim=-1).to(torch.float64)
+            low = low * scale.reshape(low.shape).square()  # of X's λ = σ²
+            if bool(low.amax() > EIGH_FP32_MAX_RATIO2 * c * c):
+                wd = torch.float64
+                G, scale = scaled_gram(Xw, wd)
     eig = None
     if dtype is None and wd == torch.float32 and G.numel():
         eig = _eigh(G, scale)
