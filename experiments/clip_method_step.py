@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from spectra_lab.bench.step import _Run, _step, build
+from spectra_lab.bench.step import _Run, _step, base_of, build
 from spectra_lab.files import write_json_atomic
 from spectra_lab.machine import device_about
 
@@ -36,8 +36,8 @@ ISA_ENV = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY
            "SPECTRA_CPU_BF16_UNITS")  # fmt: skip
 
 
-#: The SPECTRA optimizers this compares, and the unclipped twin each is stepped beside.
-TWINS = {"spectra-adamw": "adamw", "spectra-signum": "signum", "spectra-ademamix": "ademamix"}
+#: The SPECTRA optimizers this compares; each is stepped beside its unclipped twin (``base_of``).
+OPTIMIZERS = ("spectra-adamw", "spectra-ademamix", "spectra-signum")
 
 
 def make_run(label: str, optimizer: str, kwargs: dict, batch_size: int, steps: int) -> _Run:
@@ -64,7 +64,7 @@ def cpu_flags() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", nargs="+", default=["auto/32", "auto", "mixed"])
-    ap.add_argument("--optimizer", default="spectra-adamw", choices=sorted(TWINS),
+    ap.add_argument("--optimizer", default="spectra-adamw", choices=OPTIMIZERS,
                     help="the SPECTRA optimizer, stepped beside its unclipped twin")  # fmt: skip
     ap.add_argument("--steps", type=int, default=15, help="timed steps (medians)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     total = args.warmup + args.steps
-    twin = TWINS[args.optimizer]
+    twin = base_of(args.optimizer)
     runs = [make_run(twin, twin, {}, args.batch_size, total)]
     clipped = sum(p.numel() for g in runs[0].optimizer.param_groups if g["group"] in
                   ("attn", "hidden") for p in g["params"])  # fmt: skip

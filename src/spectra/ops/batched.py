@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
 
-from spectra.ops._common import single_thread_lapack
+from spectra.ops._common import side_by_side
 
 #: ``max_elements=None`` caps a batch at ``total / BATCH_FRACTION`` elements (but at least
 #: ``MIN_BATCH``, below; or one matrix, if larger): the operators' float64 temporaries are
@@ -286,10 +286,8 @@ def _apply_on_cpu(
         for batch in batches:
             _apply(op, batch, grad)
         return
-    with single_thread_lapack(mats[0].device):
-        with ThreadPoolExecutor(min(threads, len(batches))) as pool:
-            for future in [pool.submit(_apply, op, batch, grad) for batch in batches]:
-                future.result()
+    calls = [functools.partial(_apply, op, batch, grad) for batch in batches]
+    side_by_side(mats[0].device, calls, min(threads, len(batches)))
 
 
 def _apply(op: Callable[[Tensor], Tensor], batch: list[Tensor], grad: bool) -> None:

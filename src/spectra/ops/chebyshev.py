@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -52,7 +51,7 @@ from spectra.ops._common import (
     orient,
     pow2_floor,
     pow2_scale,
-    single_thread_lapack,
+    side_by_side,
     wide_view,
 )
 from spectra.ops.base import ClipMethod, Operator, Options
@@ -204,7 +203,8 @@ def _plan(
         rows = torch.tensor(maybe, device=G.device)
         G, scale2 = G[rows], scale2[rows]
     G, G2, u = gram_square_and_bound(G)
-    found = degrees((u * scale2 / cc).tolist(), tol)
+    L = (u * scale2 / cc).cpu()
+    found = degrees(L.tolist(), tol)
     keep = [k for k, d in enumerate(found) if d is not None]
     poly = [maybe[k] for k in keep]
     exact = sorted(exact + [maybe[k] for k, d in enumerate(found) if d is None])
@@ -212,8 +212,8 @@ def _plan(
         return None, u[:0], poly, exact
     if len(keep) < len(found):
         rows = torch.tensor(keep, device=G.device)
-        G, G2, u, scale2 = G[rows], G2[rows], u[rows], scale2[rows]
-    a = interpolant((u * scale2 / cc).cpu(), max(found[k] for k in keep)).to(G.device)
+        G, G2, u, L = G[rows], G2[rows], u[rows], L[keep]
+    a = interpolant(L, max(found[k] for k in keep)).to(G.device)
     safe = torch.where(u > 0, u, torch.ones_like(u))  # G = 0: T = −I and p(−1) = 1
     return polynomial(G, G2, safe, a), u, poly, exact
 
@@ -277,9 +277,8 @@ def _exact(
             Y[lo:hi], norm[lo:hi] = spectral_map(Xb[lo:hi], c, weight, options.ns_dtype, part)
 
     edges = [B * k // parts for k in range(parts + 1)]
-    with single_thread_lapack(Xb.device), ThreadPoolExecutor(parts) as pool:
-        for done in [pool.submit(run, lo, hi) for lo, hi in itertools.pairwise(edges)]:
-            done.result()
+    calls = [functools.partial(run, lo, hi) for lo, hi in itertools.pairwise(edges)]
+    side_by_side(Xb.device, calls, parts)
     return Y, norm
 
 

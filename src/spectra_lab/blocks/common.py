@@ -37,6 +37,8 @@ def table(header: list[str], rows: list[list[str]], align: str) -> str:
 
 
 MIB = 1 << 20
+#: The main job's target for SPECTRA-AdamW's training step against its AdamW twin.
+STEP_TARGET = 1.05
 
 
 def short(x: float) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from spectra_lab.blocks.common import json_of, main_job_losses, value_range
+from spectra_lab.blocks.common import STEP_TARGET, json_of, main_job_losses, value_range
+from spectra_lab.blocks.operators_phrases import clip_step_table
 
 
 def records(root: Path, name: str, layer_part: str, steps: tuple[int, ...]) -> list[dict]:
@@ -130,10 +131,6 @@ def repro_generic(root: Path) -> str:
     return f"AdamW ends at {a:.4f} ({shift}) and Spectra-AdamW at {s:.5f} ({ds:+.5f})"
 
 
-#: The main job's target for SPECTRA-AdamW's training step against its AdamW twin.
-STEP_TARGET = 1.05
-
-
 def step_ratios(root: Path) -> list[tuple[float, float, float]]:
     """For two threads, then one (``bench_step_main_job_{2threads,1thread}.json``): the ms the
     clip adds to the optimizer step, that added to AdamW's training step as a ratio (by
@@ -217,8 +214,6 @@ def default_124m(root: Path) -> str:
 
 def signum_no_bf16(root: Path) -> str:
     """Spectra-Signum's clip without bf16 units, ``eigh`` against the default (``chebyshev``)."""
-    from spectra_lab.blocks.operators_phrases import clip_step_table
-
     labels = {"signum": "Signum twin", "spectra-signum eigh": "`eigh`",
               "spectra-signum auto": "`chebyshev` (the default)"}  # fmt: skip
     return clip_step_table(root, "main_job_clip_step_signum_no_bf16", labels)

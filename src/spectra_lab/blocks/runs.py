@@ -21,6 +21,11 @@ from spectra_lab.blocks.common import (
 )
 
 
+def significance(t: float) -> str:
+    """A paired t over three seeds at the 95% level (Student's t, 2 dof: 4.303)."""
+    return "significant" if abs(t) > 4.303 else "not significant"
+
+
 def main_job_table(root: Path) -> str:
     """The main job's table: seed 1337's loss and perplexity, mean ± std over the seeds."""
     runs = main_job_losses(root)
@@ -49,7 +54,7 @@ def main_job_paired(root: Path) -> str:
     """Δ = AdamW − Spectra-AdamW over the main job's seeds, with its t and verdict."""
     runs = main_job_losses(root)
     mean, sd, t = paired(runs["spectra-adamw"], runs["adamw"])
-    sig = "significant" if abs(t) > 4.303 else "not significant"  # Student's t, 2 dof
+    sig = significance(t)
     return f"Δ = AdamW − Spectra-AdamW = {mean:.3f} ± {sd:.3f} (t = {t:.1f}, {sig}"
 
 
@@ -60,7 +65,7 @@ def main_job_pinned(root: Path, sweep: str) -> str:
     pinned = next(iter(main_job_losses(root, sweep).values()))
     mean, sd, t = paired(exact, pinned)
     ms = f"{statistics.fmean(pinned.values()):.4f} ± {statistics.stdev(pinned.values()):.4f}"
-    sig = "significant" if abs(t) > 4.303 else "not significant"  # Student's t, 2 dof
+    sig = significance(t)
     return f"end at {ms}, paired against `eigh` {mean:+.4f} ± {sd:.4f} (t = {t:.1f}, {sig})"
 
 
