@@ -291,6 +291,45 @@ def test_a_training_run_that_fails_is_a_row_and_the_others_still_run(tmp_path, m
     assert "| `spectra-adamw` | yes | 100,000 | 0.33 |" in summary
 
 
+def test_a_run_stopped_by_the_time_limit_keeps_the_runs_measured_before_it(tmp_path, monkeypatch):
+    # the overhead part's capturable run outlasts the part's limit (as the 80 s compile of the
+    # whole step did on an H200): the two runs before it are kept, with their overhead, in the
+    # part's file
+    def fake(cmd, timeout):
+        if "optimizer_kwargs={capturable: true}" in cmd:
+            return 124, "(stopped after 75 s)"
+        run = Path(cmd[cmd.index("--out") + 1])
+        run.mkdir(parents=True)
+        ms = 84.0 if "torch-adamw" in cmd else 126.0
+        records = [{"kind": "train", "step": k, "tokens_per_s": 32768 / ms * 1e3, "mfu": 0.2,
+                    "loss": 5.0, "t_step": ms / 1e3, "t_optimizer": 0.01, "peak_mem_gb": 7.0}
+                   for k in range(1, 15)]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return 0, ""
+
+    monkeypatch.setattr(gpu_check, "run_process", fake)
+    monkeypatch.setattr(gpu_check, "write_random_tokens", lambda folder, *a: folder)
+    part = gpu_check.check_overhead(tmp_path, 120.0)
+    assert part["status"] == "partial" and part["file"] == "overhead.json"
+    done, stopped = part["runs"][:2], part["runs"][2]
+    assert [r["optimizer"] for r in done] == ["torch-adamw", "spectra-adamw"]
+    assert done[1]["overhead"] == pytest.approx(126.0 / 84.0 - 1.0, abs=1e-4)
+    assert stopped["capturable"] and stopped["error"] == "stopped at the part's time limit (120 s)"
+    assert json.loads((tmp_path / "overhead.json").read_text())["runs"] == part["runs"]
+    # in the training part, the runs after the stopped one are rows that say so
+    calls = []
+
+    def slow(cmd, timeout):
+        calls.append(cmd)
+        return 124, ""
+
+    monkeypatch.setattr(gpu_check, "run_process", slow)
+    part = gpu_check.check_training(tmp_path, 100.0)
+    assert len(calls) == 1 and len(part["runs"]) == len(gpu_check.TRAIN_RUNS)
+    assert part["runs"][0]["error"] == "stopped at the part's time limit (100 s)"
+    assert all(r["error"].startswith("not run:") for r in part["runs"][1:])
+
+
 def test_a_copy_of_the_checkout_names_its_files_commit_where_told(monkeypatch):
     # a remote machine's copy may carry an older .git than its files: the variable names them
     import subprocess

@@ -45,17 +45,21 @@ def test_torch_adamw_foreach_holds_one_temporary_of_the_parameters():
     assert 4 * params <= peak <= 2 * 4 * params
 
 
-@pytest.mark.parametrize("method", ["mixed"])
-def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(method, monkeypatch):
+@pytest.mark.parametrize("capturable", [False, True])
+def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(capturable, monkeypatch):
     # the matrices of a small Llama: the fractions' floors hold here, so the ratio is above the
-    # 124M shapes' (experiments/gpu_step_memory_model.py), but the old fractions held more
+    # 124M shapes' (experiments/gpu_step_memory_model.py), but within the GPU step's 1.10x bar,
+    # the capturable step's too (1.118x while the coupled steps held the first step, M̂ and
+    # the last Q through the later steps); the old fractions held more
     shapes = llama_shapes(layers=12, dim=384, hidden=1024, vocab=8192)
 
     def make(ps):
-        return so.AdamW(ps, lr=1e-3, clip_c=10.0, clip_method=method)
+        return so.AdamW(ps, lr=1e-3, clip_c=10.0, clip_method="mixed", capturable=capturable)
 
     now = gpu_path_peak(make, shapes)
-    monkeypatch.setattr(batched, "MATMUL_BATCH_FRACTION", 8)
-    monkeypatch.setattr(batched, "PENDING_FRACTION", 4)
-    before = gpu_path_peak(make, shapes)
-    assert now <= 1.12 and before - now >= 0.08, (now, before)
+    assert now <= 1.10, now
+    if not capturable:  # (the capturable step reads nothing, so it holds no waves)
+        monkeypatch.setattr(batched, "MATMUL_BATCH_FRACTION", 8)
+        monkeypatch.setattr(batched, "PENDING_FRACTION", 4)
+        before = gpu_path_peak(make, shapes)
+        assert before - now >= 0.05, (now, before)

@@ -149,22 +149,28 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
     wi = plan.w_id.to(wd).reshape(-1, 1, 1)
     wg = plan.w_g.to(wd).reshape(-1, 1, 1)
     G = plan.G.to(wd).reshape(-1, m, m)
-    M_hat = add_to_diagonal(wg * G, wi)  # M̂ = w_G·G + w_I·I
     exact = exact_steps(coeffs, math.sqrt(1.0 / plan.alpha))
-    Z, E = None, M_hat
-    if exact:
-        # the first step aI + bM̂ + cM̂², with M̂² = w_G²·G² + 2w_G·w_I·G + w_I²·I from the G²
-        # that the α bound needed
-        a, b, cc = coeffs[0]
-        Z = torch.mul(plan.G2.to(wd).reshape(-1, m, m), cc * wg * wg)
-        Z = add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * cc * wg * wi), a + b * wi + cc * wi * wi)
-        Z, E = _coupled_steps(M_hat, coeffs[:exact], Z, split_bf16_matmul if split else None)
+    # M̂ = w_G·G + w_I·I and the first step go to the steps unnamed, so that the steps free
+    # each once used (the peak of the GPU step is the working set of a batch)
+    Z, E = (
+        _coupled_steps(add_to_diagonal(wg * G, wi), coeffs[:exact], _first_step(plan, G, wg, wi),
+                       split_bf16_matmul if split else None)
+        if exact else (None, add_to_diagonal(wg * G, wi))
+    )  # fmt: skip
     if exact < len(coeffs):
         E16 = E.to(torch.bfloat16)
-        del E, M_hat  # the bf16 steps see E alone: two m × m temporaries less meanwhile
+        del E  # the bf16 steps see E alone: an m × m temporary less meanwhile
         W = _coupled_steps(E16, coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
         Z = W if Z is None else (split_bf16_matmul if split else torch.bmm)(W, Z)
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
+
+
+def _first_step(plan: Plan, G: Tensor, wg: Tensor, wi: Tensor) -> Tensor:
+    """The coupled iteration's first step ``aI + bM̂ + cM̂²`` with M̂ = w_G·G + w_I·I, through
+    ``M̂² = w_G²·G² + 2w_G·w_I·G + w_I²·I`` from the G² that the α bound needed."""
+    a, b, c = plan.coeffs[0]
+    Z = torch.mul(plan.G2.to(G.dtype).reshape(G.shape), c * wg * wg)
+    return add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * c * wg * wi), a + b * wi + c * wi * wi)
 
 
 def _fused_quintic(E: Tensor, a: float, b: float, c: float, mm: Matmul | None = None) -> Tensor:
@@ -197,14 +203,17 @@ def _coupled_steps(
         mm = bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
     want_e = Z1 is not None
     Z = _fused_quintic(M_hat, *coeffs[0], quintic_mm) if Z1 is None else Z1
+    del Z1  # Z alone holds it: the second step frees it
     if len(coeffs) == 1 and not want_e:
         return Z, None
     Y = mm(M_hat, Z)
+    del M_hat  # the caller passes it unnamed: freed from here on
     for k, (a, b, cc) in enumerate(coeffs[1:], start=2):
         Q = _fused_quintic(mm(Z, Y), a, b, cc, quintic_mm)
         Z = mm(Q, Z)
         if want_e or k < len(coeffs):
             Y = mm(Y, Q)
+        del Q  # the next step's quintic would otherwise hold two Q at once
     return Z, (mm(Z, Y) if want_e else None)
 
 

@@ -37,6 +37,7 @@ from spectra_lab.blocks.bench import (
 from spectra_lab.blocks.gpu import (
     gpu_after_ops_modules,
     gpu_bars,
+    gpu_bars_h200,
     gpu_h100,
     gpu_memory_model,
     gpu_ops,
@@ -121,6 +122,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "gpu:train": gpu_train,
     "gpu:h100": gpu_h100,
     "gpu:bars": gpu_bars,
+    "gpu:bars-h200": gpu_bars_h200,
     "gpu:memory-model": gpu_memory_model,
     "gpu:after-ops-modules": gpu_after_ops_modules,
     "data:bench-ops-native-medians": ops_native_medians,

@@ -101,9 +101,8 @@ def polar_and_mixed(figures: dict[str, float]) -> tuple[float, float]:
     """A GPU run's figures of Spectra-AdamW by ``polar`` and by ``mixed``: ``polar`` is the row
     ``spectra-adamw-polar``, or ``spectra-adamw`` in the runs made while it was the CUDA
     default."""
-    return figures.get("spectra-adamw-polar", figures["spectra-adamw"]), figures[
-        "spectra-adamw-mixed"
-    ]
+    polar = figures["spectra-adamw-polar" if "spectra-adamw-polar" in figures else "spectra-adamw"]
+    return polar, figures["spectra-adamw-mixed"]
 
 
 def err_range(lo: float, hi: float) -> str:

@@ -244,14 +244,16 @@ def eval_ppl_ratio(root: Path) -> str:
 
 
 def gpu_part_times(root: Path) -> str:
-    """The seconds of the two ``bench optim`` parts and the tests in the latest stored H200
-    ``gpu-check`` run (``docs/data/gpu/h200/*/gpu_check.json``)."""
+    """The seconds of each part that the latest full H200 ``gpu-check`` run (one holding
+    ``tests.json``) ran itself, in order (``docs/data/gpu/h200/*/gpu_check.json``)."""
     from spectra_lab.blocks.common import latest_gpu
 
-    check = json_of(root, str((latest_gpu(root, "H200") / "gpu_check.json").relative_to(root)))
-    parts = check["parts"]
-    a, b, t = (parts[k]["seconds"] for k in ("bench_optim", "bench_optim_780m", "tests"))
-    return f"its run of {check['date']}: {a:.0f}, {b:.0f} and {t:.0f} s"
+    check = json_of(root, str((latest_gpu(root, "H200", "tests.json") / "gpu_check.json")
+                              .relative_to(root)))  # fmt: skip
+    done = [(k, p) for k, p in check["parts"].items() if p.get("seconds") is not None]
+    times = ", ".join(f"`{k}` {p['seconds']:.0f} s" + (" (stopped at its limit)" if
+                      "limit" in str(p.get("runs", "")) else "") for k, p in done)  # fmt: skip
+    return f"its run of {check['date']} at `--budget {check['budget_s']:.0f}`: {times}"
 
 
 #: The phrases by block key.

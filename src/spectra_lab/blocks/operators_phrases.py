@@ -39,8 +39,11 @@ def _gpu_parts(folder: Path) -> dict:
 
 
 def _h200_runs(root: Path) -> list[dict]:
-    """The stored H200 runs of ``docs/data/gpu/runs.json``, oldest first."""
-    runs = [r for r in json_of(root, "docs/data/gpu/runs.json")["runs"] if "H200" in r["gpu"]]
+    """The stored H200 runs of ``docs/data/gpu/runs.json`` that timed the paper's bf16 wrapper
+    at 780M (later runs leave it out there), oldest first."""
+    runs = [r for r in json_of(root, "docs/data/gpu/runs.json")["runs"] if "H200" in r["gpu"]
+            and "gpu_check.json" in r["files"] and _gpu_parts(root / "docs/data/gpu" / r[
+                "folder"]).get("bench_optim_780m", {}).get("vs_paper_bf16")]  # fmt: skip
     return sorted(runs, key=lambda r: r["date"])
 
 
@@ -94,14 +97,11 @@ def gpu_summary(root: Path) -> str:
 
 
 def _h200_steps(root: Path) -> dict[str, float]:
-    parts = _gpu_parts(latest_gpu(root, "H200"))
-    small, big = parts["bench_optim"]["vs_paper_bf16"], parts["bench_optim_780m"]["vs_paper_bf16"]
-    return {
-        "mixed": small["spectra-adamw-mixed"],
-        "polar": small["spectra-adamw"],
-        "mixed780": big["spectra-adamw-mixed"],
-        "polar780": big["spectra-adamw-polar"],
-    }
+    parts = _gpu_parts(root / "docs/data/gpu" / _h200_runs(root)[-1]["folder"])
+    (polar, mixed), (polar780, mixed780) = (
+        polar_and_mixed(parts[p]["vs_paper_bf16"]) for p in ("bench_optim", "bench_optim_780m")
+    )
+    return {"mixed": mixed, "polar": polar, "mixed780": mixed780, "polar780": polar780}
 
 
 def h200_mixed_step(root: Path) -> str:

@@ -287,9 +287,7 @@ def check_profile(out: Path, timeout: float) -> dict[str, Any]:
 def check_training(out: Path, timeout: float) -> dict[str, Any]:
     """The 124M runs of :data:`TRAIN_RUNS` (torch AdamW, Spectra-AdamW; eager, compiled, and
     compiled with the capturable step) on random tokens."""
-    runs, error = train_runs(TRAIN_RUNS, TRAIN_STEPS, 1, timeout)
-    if error:
-        return {**error, "runs": runs}
+    runs = train_runs(TRAIN_RUNS, TRAIN_STEPS, 1, timeout)
     report = {"preset": "124m", "steps": TRAIN_STEPS, "batch_size": TRAIN_BATCH,
               "median_after_step": TRAIN_SKIP, "autocast": "bf16", "runs": runs}  # fmt: skip
     write_json_atomic(out / "train.json", report)
@@ -300,9 +298,7 @@ def check_overhead(out: Path, timeout: float) -> dict[str, Any]:
     """The paper's timing table's measure on one GPU: the 124M model compiled at the paper's
     tokens per step and per GPU (256 sequences of 512 over 4 GPUs: 16 sequences, 4
     accumulation steps), Spectra-AdamW's step time over torch AdamW's, minus one."""
-    runs, error = train_runs(OVERHEAD_RUNS, OVERHEAD_STEPS, OVERHEAD_ACCUM, timeout)
-    if error:
-        return {**error, "runs": runs}
+    runs = train_runs(OVERHEAD_RUNS, OVERHEAD_STEPS, OVERHEAD_ACCUM, timeout)
     base = next((r["step_ms"] for r in runs if r["optimizer"] == "torch-adamw"
                  and "error" not in r), None)  # fmt: skip
     for r in runs:
@@ -322,12 +318,13 @@ def runs_status(runs: list[dict[str, Any]]) -> str:
 
 def train_runs(
     runs: tuple[tuple[bool, str, bool], ...], steps: int, accum: int, timeout: float
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+) -> list[dict[str, Any]]:
     """Train the 124M model once per ``(compiled, optimizer, capturable)`` of ``runs`` on random
     tokens; each run's throughput, step time and optimizer share, with its tokens/s over torch
     AdamW's at the same compilation. A run that fails is a row with its ``error`` (the last
-    line of its output) and the others still run; the failure of a run stopped by the time
-    limit ends them all, returned second (else None)."""
+    line of its output) and the others still run. A run stopped by the part's time limit is a
+    row with that error, and the runs after it rows that say they were not run: the runs
+    already measured are kept."""
     started, done = time.monotonic(), []
     skip = TRAIN_SKIP if accum == 1 else TRAIN_SKIP // 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -349,7 +346,11 @@ def train_runs(
             status, output = run_process(cmd, max(left, 1.0))
             row = {"optimizer": optimizer, "compile": compiled, "capturable": capturable}
             if status == 124:
-                return done, failed(status, output)
+                done.append({**row, "error": f"stopped at the part's time limit ({timeout:.0f} s)"})
+                done += [{"optimizer": o, "compile": c, "capturable": k,
+                          "error": "not run: the part's time limit was reached"}
+                         for c, o, k in runs[len(done):]]  # fmt: skip
+                break
             if status != 0:
                 last = [line for line in output.strip().splitlines() if line.strip()][-1:]
                 done.append({**row, "error": last[0] if last else f"exit {status}"})
@@ -360,7 +361,7 @@ def train_runs(
     for r in ok:
         if r["compile"] in base:
             r["tokens_per_s_vs_torch_adamw"] = round(r["tokens_per_s"] / base[r["compile"]], 3)
-    return done, None
+    return done
 
 
 def write_random_tokens(folder: Path, vocab: int, tokens: int) -> Path:

@@ -66,14 +66,19 @@ def markdown_summary(folder: str | Path) -> str:
              f"commit {index['commit']}", ""]  # fmt: skip
     kept: dict[tuple[str, str], list[str]] = {}
     for name, part in parts.items():
-        if "measured" in part and part.get("status") in MEASURED:
+        if "measured" in part and (part.get("status") in MEASURED or "tests" in part):
             kept.setdefault((part["measured"], part["commit"]), []).append(f"`{name}`")
     for (date, commit), names in kept.items():
         lines += [f"A targeted rerun: {', '.join(names)} below come from the run of {date} at "
                   f"commit {commit}.", ""]  # fmt: skip
     t = parts.get("tests", {})
     if "passed" in t:
-        lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed", ""]
+        failed = (
+            json.loads((folder / "tests.json").read_text())["failed"] if t.get("failed") else []
+        )
+        failures = ", ".join(f"`{f['name']}`" for f in failed)
+        lines += [f"CUDA tests: {t['passed']} of {t['tests']} passed"
+                  + (f"; failed: {failures}" if failures else ""), ""]  # fmt: skip
     ran = {p.get("file") for p in parts.values() if p.get("status") in MEASURED}
     if "train.json" in ran:  # files of this run only: an older run's may lie beside them
         lines += train_table(json.loads((folder / "train.json").read_text()))
