@@ -23,8 +23,7 @@ beside its peers first:
                               float32 and bf16, bf16 autocast, ``torch.compile`` of the step,
                               NCCL with world size 1 through the FSDP2 path and the trainer
 ``train.json``                the 124M model, ``TRAIN_STEPS`` steps under bf16 autocast, eager
-                              and ``torch.compile``-d, Spectra-AdamW against torch AdamW, and
-                              compiled with the capturable step compiled whole too:
+                              and ``torch.compile``-d, Spectra-AdamW against torch AdamW:
                               tokens/s, MFU and peak memory (median over the steps after the
                               first ``TRAIN_SKIP``; random tokens from a 50304-token
                               vocabulary, since a step's time does not depend on them)
@@ -85,14 +84,16 @@ DEFAULT_BUDGET = 390.0
 #: The 124M training runs: steps, sequences per step, steps left out of the medians
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_SKIP = 30, 16, 10
 TRAIN_VOCAB, TRAIN_TOKENS = 50304, 2_000_000
-#: The 124M runs: (compiled, optimizer, capturable); the last compiles the capturable step
-#: whole too (its lr a device tensor; a constant clip threshold, as capturable asks)
+#: The 124M runs: (compiled, optimizer, capturable). The capturable step compiled whole is
+#: timed by ``bench_optim_capturable`` and in training by the overhead part: its compilation
+#: took over 80 s on an H200, which here left the training part no time to finish
 TRAIN_RUNS = (
     (False, "torch-adamw", False), (False, "spectra-adamw", False),
     (True, "torch-adamw", False), (True, "spectra-adamw", False),
-    (True, "spectra-adamw", True),
 )  # fmt: skip
-#: The overhead runs (:func:`check_overhead`): compiled, at the paper's tokens per GPU step
+#: The overhead runs (:func:`check_overhead`): compiled, at the paper's tokens per GPU step;
+#: the last compiles the capturable step whole too (its lr a device tensor; a constant clip
+#: threshold, as capturable asks)
 OVERHEAD_RUNS = (
     (True, "torch-adamw", False), (True, "spectra-adamw", False), (True, "spectra-adamw", True),
 )  # fmt: skip
@@ -285,8 +286,8 @@ def check_profile(out: Path, timeout: float) -> dict[str, Any]:
 
 
 def check_training(out: Path, timeout: float) -> dict[str, Any]:
-    """The 124M runs of :data:`TRAIN_RUNS` (torch AdamW, Spectra-AdamW; eager, compiled, and
-    compiled with the capturable step) on random tokens."""
+    """The 124M runs of :data:`TRAIN_RUNS` (torch AdamW, Spectra-AdamW; eager and compiled) on
+    random tokens."""
     runs = train_runs(TRAIN_RUNS, TRAIN_STEPS, 1, timeout)
     report = {"preset": "124m", "steps": TRAIN_STEPS, "batch_size": TRAIN_BATCH,
               "median_after_step": TRAIN_SKIP, "autocast": "bf16", "runs": runs}  # fmt: skip
@@ -417,7 +418,7 @@ PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
     ),
     "tests": (check_tests, 200.0),
     "train": (check_training, 200.0),
-    "overhead": (check_overhead, 120.0),
+    "overhead": (check_overhead, 240.0),  # two compiled runs of ~50 s, the capturable ~120 s
     "bench_ops": (lambda out, t: check_bench_ops(out, t, tf32=False), 60.0),
     "bench_optim_tf32": (lambda out, t: check_bench_optim(out, t, tf32=True), 90.0),
     "bench_ops_tf32": (lambda out, t: check_bench_ops(out, t, tf32=True), 60.0),
