@@ -256,20 +256,25 @@ def test_a_copy_directly_under_the_gpu_folder_names_the_run_that_holds_it(tmp_pa
     assert latest_gpu(tmp_path, "H100", "train.json") == gpu / "h100" / "2026-01-01"
 
 
+def _trained(cmd: list[str], tokens_per_s: float, step_s: float, steps: int) -> tuple[int, str]:
+    """A stand-in for a training run of ``cmd``: its metrics.jsonl with these figures."""
+    run = Path(cmd[cmd.index("--out") + 1])
+    run.mkdir(parents=True)
+    records = [{"kind": "train", "step": k, "tokens_per_s": tokens_per_s, "mfu": 0.2, "loss": 5.0,
+                "t_step": step_s, "t_optimizer": 0.01, "peak_mem_gb": 7.0}
+               for k in range(1, steps + 1)]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return 0, ""
+
+
 def test_a_training_run_that_fails_is_a_row_and_the_others_still_run(tmp_path, monkeypatch):
     # the compiled Spectra-AdamW run fails (as torch 2.11's inductor did on an H100): its row
     # names the error, the three others are measured and the part is "partial"
     def fake(cmd, timeout):
         if "--compile" in cmd and "spectra-adamw" in cmd:
             return 1, "Traceback ...\ntorch._inductor.exc.InductorError: AssertionError: "
-        run = Path(cmd[cmd.index("--out") + 1])
-        run.mkdir(parents=True)
         rate = 300_000 if "torch-adamw" in cmd else 100_000
-        records = [{"kind": "train", "step": k, "tokens_per_s": rate, "mfu": 0.2, "loss": 5.0,
-                    "t_step": 8192 / rate, "t_optimizer": 0.01, "peak_mem_gb": 7.0}
-                   for k in range(1, 31)]  # fmt: skip
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        return 0, ""
+        return _trained(cmd, tokens_per_s=rate, step_s=8192 / rate, steps=30)
 
     monkeypatch.setattr(gpu_check, "run_process", fake)
     monkeypatch.setattr(gpu_check, "write_random_tokens", lambda folder, *a: folder)
@@ -298,14 +303,8 @@ def test_a_run_stopped_by_the_time_limit_keeps_the_runs_measured_before_it(tmp_p
     def fake(cmd, timeout):
         if "optimizer_kwargs={capturable: true}" in cmd:
             return 124, "(stopped after 75 s)"
-        run = Path(cmd[cmd.index("--out") + 1])
-        run.mkdir(parents=True)
         ms = 84.0 if "torch-adamw" in cmd else 126.0
-        records = [{"kind": "train", "step": k, "tokens_per_s": 32768 / ms * 1e3, "mfu": 0.2,
-                    "loss": 5.0, "t_step": ms / 1e3, "t_optimizer": 0.01, "peak_mem_gb": 7.0}
-                   for k in range(1, 15)]  # fmt: skip
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        return 0, ""
+        return _trained(cmd, tokens_per_s=32768 / ms * 1e3, step_s=ms / 1e3, steps=14)
 
     monkeypatch.setattr(gpu_check, "run_process", fake)
     monkeypatch.setattr(gpu_check, "write_random_tokens", lambda folder, *a: folder)

@@ -251,8 +251,12 @@ def gpu_part_times(root: Path) -> str:
     check = json_of(root, str((latest_gpu(root, "H200", "tests.json") / "gpu_check.json")
                               .relative_to(root)))  # fmt: skip
     done = [(k, p) for k, p in check["parts"].items() if p.get("seconds") is not None]
-    times = ", ".join(f"`{k}` {p['seconds']:.0f} s" + (" (stopped at its limit)" if
-                      "limit" in str(p.get("runs", "")) else "") for k, p in done)  # fmt: skip
+
+    def stopped(part: dict) -> bool:  # a run stopped by the part's time limit (gpucheck)
+        return any(r.get("error", "").startswith("stopped") for r in part.get("runs", []))
+
+    times = ", ".join(f"`{k}` {p['seconds']:.0f} s" + (" (stopped at its limit)" if stopped(p)
+                      else "") for k, p in done)  # fmt: skip
     return f"its run of {check['date']} at `--budget {check['budget_s']:.0f}`: {times}"
 
 
