@@ -8,7 +8,10 @@ default; ``--optimizer spectra-signum`` or ``spectra-ademamix`` for another base
 twin), and steps them in turn on the same random tokens (step k of each before step k + 1 of
 any), so that a shared machine's drift reaches all alike. Prints, per row, the medians of the
 whole step and of ``optimizer.step()`` and the step ratio to the twin, both from the totals and
-by optimizer time (``1 + (t_opt − t_opt,twin)/t_step,twin``). The CPU's bf16 path is what
+by optimizer time (``1 + (t_opt − t_opt,twin)/t_step,twin``). ``--runs N`` repeats all of it N
+times, each time with the models and optimizers built afresh: the rows then hold the medians
+over every run's steps and each run's ratio by optimizer time, with their mean and standard
+deviation (a shared machine drifts from minute to minute). The CPU's bf16 path is what
 ``SPECTRA_CPU_BF16_UNITS`` says (unset: the probe); run with ``SPECTRA_CPU_BF16_UNITS=0`` to
 measure a CPU without bf16 units' path on one that has them::
 
@@ -23,6 +26,7 @@ import argparse
 import os
 import statistics
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -61,21 +65,23 @@ def cpu_flags() -> list[str]:
     return sorted(set(flags) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--methods", nargs="+", default=["auto/32", "auto", "mixed"])
-    ap.add_argument("--optimizer", default="spectra-adamw", choices=OPTIMIZERS,
-                    help="the SPECTRA optimizer, stepped beside its unclipped twin")  # fmt: skip
-    ap.add_argument("--steps", type=int, default=15, help="timed steps (medians)")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=None, help="also write the rows here")
-    args = ap.parse_args(argv)
-    for name in ("steps", "batch_size", "threads"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    torch.set_num_threads(args.threads)
+class Timed(NamedTuple):
+    """A row's step times (seconds) from one run of :func:`measure`."""
+
+    name: str
+    totals: list[float]
+    opt_times: list[float]
+
+
+def by_optimizer_time(run: Timed, twin: Timed) -> float:
+    """``1 + (t_opt − t_opt,twin)/t_step,twin`` from the medians of one run's steps."""
+    twin_total = statistics.median(twin.totals)
+    return 1.0 + (statistics.median(run.opt_times) - statistics.median(twin.opt_times)) / twin_total
+
+
+def measure(args: argparse.Namespace) -> list[Timed]:
+    """The twin and one row per ``--methods`` entry, built afresh and stepped in turn; only
+    their times outlive the call."""
     total = args.warmup + args.steps
     twin = base_of(args.optimizer)
     runs = [make_run(twin, twin, {}, args.batch_size, total)]
@@ -92,18 +98,47 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             _step(run, device, timed=k >= args.warmup)
         print(f"  step {k + 1} of {total}", file=sys.stderr, flush=True)
-    twin_total = statistics.median(runs[0].totals)
-    twin_opt = statistics.median(runs[0].opt_times)
+    return [Timed(run.name, run.totals, run.opt_times) for run in runs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", nargs="+", default=["auto/32", "auto", "mixed"])
+    ap.add_argument("--optimizer", default="spectra-adamw", choices=OPTIMIZERS,
+                    help="the SPECTRA optimizer, stepped beside its unclipped twin")  # fmt: skip
+    ap.add_argument("--steps", type=int, default=15, help="timed steps (medians)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=1, help="repeats of the whole measurement")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    for name in ("steps", "batch_size", "threads", "runs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    torch.set_num_threads(args.threads)
+    per_run = [measure(args) for _ in range(args.runs)]
     rows = []
-    for run in runs:
-        t, o = statistics.median(run.totals), statistics.median(run.opt_times)
-        rows.append({"row": run.name, "total_ms": 1e3 * t, "optimizer_ms": 1e3 * o,
+    for k, first in enumerate(per_run[0]):
+        totals = [t for runs in per_run for t in runs[k].totals]
+        opts = [t for runs in per_run for t in runs[k].opt_times]
+        twin_totals = [t for runs in per_run for t in runs[0].totals]
+        twin_opts = [t for runs in per_run for t in runs[0].opt_times]
+        t, o = statistics.median(totals), statistics.median(opts)
+        twin_total, twin_opt = statistics.median(twin_totals), statistics.median(twin_opts)
+        rows.append({"row": first.name, "total_ms": 1e3 * t, "optimizer_ms": 1e3 * o,
                      "ratio_by_steps": t / twin_total,
                      "ratio_by_optimizer_time": 1.0 + (o - twin_opt) / twin_total})  # fmt: skip
         r = rows[-1]
+        if args.runs > 1:
+            each = [by_optimizer_time(runs[k], runs[0]) for runs in per_run]
+            r["runs_ratio_by_optimizer_time"] = each
+            r["runs_mean"], r["runs_std"] = statistics.mean(each), statistics.stdev(each)
         print(f"{r['row']:<22} step {r['total_ms']:7.1f} ms  optimizer {r['optimizer_ms']:6.1f} ms"
               f"  x twin {r['ratio_by_steps']:.3f} (by optimizer time "
-              f"{r['ratio_by_optimizer_time']:.3f})", flush=True)  # fmt: skip
+              f"{r['ratio_by_optimizer_time']:.3f}"
+              + (f"; runs {r['runs_mean']:.3f} ± {r['runs_std']:.3f}" if args.runs > 1 else "")
+              + ")", flush=True)  # fmt: skip
     from spectra_lab.bench.ops import matmul_rate
 
     limits = {k: os.environ[k] for k in ISA_ENV if k in os.environ}
@@ -116,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "isa_limits": limits,
         # the float32 product rate: what a matmul-only clip's cost follows from CPU to CPU
-        "fp32_gflops": matmul_rate(torch.float32, device) / 1e9,
+        "fp32_gflops": matmul_rate(torch.float32, torch.device("cpu")) / 1e9,
         **device_about("cpu"),
         "steps": args.steps,
         "warmup": args.warmup,
+        "runs": args.runs,
         "batch_size": args.batch_size,
         "rows": rows,
     }

@@ -139,27 +139,34 @@ def polynomial(G: Tensor, G2: Tensor, u: Tensor, a: Tensor) -> Tensor:
     """``p(T) = Σ_k a_k T^k`` with ``T = 2G/u − I`` for a ``(B, m, m)`` batch, given ``G²``,
     ``u`` (float64, ``(B,)``, > 0) and the coefficients ``a`` (float64, ``(B, d + 1)``), in
     G's dtype: the blocks ``B_j = Σ_{i<s} a_{js+i} T^i`` (``J = ⌊d/s⌋ + 1`` of them), then
-    ``K = B_{J−1}`` and ``K ← B_j + K·T^s`` for ``j = J − 2, …, 0``."""
+    ``K = B_{J−1}`` and ``K ← B_j + K·T^s`` for ``j = J − 2, …, 0``.
+
+    ``G`` and ``G2`` are overwritten (with T and T²): on a CPU every fresh batch-sized
+    temporary is memory the allocator may have handed back to the system, so a step that
+    allocates fewer of them faults in fewer pages (the main job's 16 × 192² batch faulted in
+    6.75 MiB a step before, at about 2.6 µs a page on a 2-core AVX2 EPYC)."""
     d = a.shape[-1] - 1
     s = block_size(d)
     lead = (2.0 / u).to(G.dtype)[:, None, None]
-    powers = [None, add_to_diagonal(G * lead, -1.0)]  # powers[k] = T^k
     if d >= 2:  # T² = (2/u)²G² − (4/u)G + I: no product
-        powers.append(add_to_diagonal((G2 * lead.square()).sub_(G * (2.0 * lead)), 1.0))
+        T2 = add_to_diagonal(G2.mul_(lead.square()).addcmul_(G, lead, value=-2.0), 1.0)
+    powers = [None, add_to_diagonal(G.mul_(lead), -1.0)]  # powers[k] = T^k
+    if d >= 2:
+        powers.append(T2)
     for _ in range(3, s + 1):
         powers.append(torch.bmm(powers[-1], powers[1]))
     a = a.to(G.dtype)[:, :, None, None]
 
     def block(j: int) -> Tensor:
         k = j * s
-        out = powers[1] * a[:, k + 1] if k < d else torch.zeros_like(G)
+        out = powers[1] * a[:, k + 1] if k < d else torch.zeros_like(powers[1])
         for i in range(2, min(s, d - k + 1)):
             out.addcmul_(powers[i], a[:, k + i])
         return add_to_diagonal(out, a[:, k, 0, 0])
 
     K = block(d // s)
-    for j in range(d // s - 1, -1, -1):  # Horner's rule in T^s
-        K = torch.bmm(K, powers[s]).add_(block(j))
+    for j in range(d // s - 1, -1, -1):  # Horner's rule in T^s: K ← B_j + K·T^s in B_j
+        K = block(j).baddbmm_(K, powers[s])
     return K
 
 
