@@ -34,6 +34,7 @@ from spectra_lab.blocks.bench import (
     step_ratio_main_job,
     step_ratio_native,
 )
+from spectra_lab.blocks.cpu_step import CPU_STEP
 from spectra_lab.blocks.gpu import (
     gpu_after_ops_modules,
     gpu_bars,
@@ -88,6 +89,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "data:diagnostics-gradients": diagnostics_gradients,
     **PHRASES,
     **OPERATORS_PHRASES,
+    **CPU_STEP,
     **LIBRARY_PHRASES,
     **HARNESS_PHRASES,
     "data:weight-norms": weight_norms,

@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from spectra_lab.blocks.common import (
-    STEP_TARGET,
     err_range,
     json_of,
     latest_gpu,
     ops_cells,
     polar_and_mixed,
     sci,
-    table,
     value_range,
 )
 
@@ -296,69 +294,6 @@ def split_cost(root: Path) -> str:
     )
 
 
-def clip_step_table(root: Path, name: str, labels: dict[str, str]) -> str:
-    """The rows of an ``experiments/clip_method_step.py`` run (``docs/data/NAME.json``)."""
-    stored = json_of(root, f"docs/data/{name}.json")["rows"]
-    rows = [[labels[r["row"]], f"{r['total_ms']:.1f}", f"{r['optimizer_ms']:.1f}",
-             f"{r['ratio_by_steps']:.3f}", f"{r['ratio_by_optimizer_time']:.3f}"]
-            for r in stored]  # fmt: skip
-    head = ["row", "step (ms)", "optimizer step (ms)", "× twin", "× twin by optimizer time"]
-    return table(head, rows, "lrrrr")
-
-
-def no_bf16_table(root: Path) -> str:
-    """The clip without bf16 units by batch floor (``main_job_clip_step_no_bf16.json``)."""
-    labels = {"adamw": "AdamW twin",
-              "spectra-adamw eigh/32": "`eigh`, batches of 1/32 (before the floor)",
-              "spectra-adamw eigh": "`eigh`, batches of at least 2¹⁸ elements",
-              "spectra-adamw mixed": "`mixed`",
-              "spectra-adamw auto": "`chebyshev` (the default)"}  # fmt: skip
-    return clip_step_table(root, "main_job_clip_step_no_bf16", labels)
-
-
-def avx2_table(root: Path) -> str:
-    """The clip methods with the libraries held to AVX2 (``main_job_clip_step_avx2.json``)."""
-    labels = {"adamw": "AdamW twin", "spectra-adamw auto": "`chebyshev` (the default)",
-              "spectra-adamw eigh": "`eigh`", "spectra-adamw mixed": "`mixed`",
-              "spectra-adamw polar": "`polar`"}  # fmt: skip
-    return clip_step_table(root, "main_job_clip_step_avx2", labels)
-
-
-def avx2_verdict(root: Path) -> str:
-    """The default against the ``1.05×`` target, held to AVX2, beside ``eigh`` and ``mixed``."""
-    rows = {r["row"]: r["ratio_by_optimizer_time"]
-            for r in json_of(root, "docs/data/main_job_clip_step_avx2.json")["rows"]}  # fmt: skip
-    auto, eigh, mixed = (rows[f"spectra-adamw {m}"] for m in ("auto", "eigh", "mixed"))
-    where = "meets" if round(auto, 2) <= STEP_TARGET else "misses"
-    return (f"{where} the `{STEP_TARGET:.2f}×` target at {auto:.3f}×, against {eigh:.3f}× for "
-            f"`eigh` and {mixed:.3f}× for `mixed`")  # fmt: skip
-
-
-def avx2_setting(root: Path) -> str:
-    """What the AVX2 run held the libraries to, and its float32 rate."""
-    run = json_of(root, "docs/data/main_job_clip_step_avx2.json")
-    limits = " ".join(f"`{k}={v}`" for k, v in run["isa_limits"].items())
-    return (
-        f"{limits} (torch reports its CPU capability as `{run['cpu_capability']}`); "
-        f"float32 products ran at {run['fp32_gflops']:.0f} GFLOP/s"
-    )
-
-
-def no_bf16_floor(root: Path) -> str:
-    """The default around the batch floor (``docs/data/main_job_clip_step_no_bf16.json``)."""
-    rows = {r["row"]: r for r in json_of(root, "docs/data/main_job_clip_step_no_bf16.json")["rows"]}
-    before, after = (
-        rows[f"spectra-adamw {m}"]["ratio_by_optimizer_time"] for m in ("eigh/32", "eigh")
-    )
-    return f"from {before:.2f}× to {after:.2f}× by optimizer time"
-
-
-def no_bf16_rate(root: Path) -> str:
-    """This CPU's float32 rate (``docs/data/main_job_clip_step_no_bf16.json``)."""
-    run = json_of(root, "docs/data/main_job_clip_step_no_bf16.json")
-    return f"at {run['fp32_gflops']:.0f} GFLOP/s (`fp32_gflops` in the file)"
-
-
 # --------------------------------------------------------------------------- H100 model
 
 
@@ -573,12 +508,6 @@ OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
     "data:operators-native-floor-flops": native_floor_flops,
     "data:operators-native-floor": native_floor,
     "data:operators-split-cost": split_cost,
-    "data:operators-no-bf16-table": no_bf16_table,
-    "data:operators-no-bf16-floor": no_bf16_floor,
-    "data:operators-no-bf16-rate": no_bf16_rate,
-    "data:operators-avx2-table": avx2_table,
-    "data:operators-avx2-setting": avx2_setting,
-    "data:operators-avx2-verdict": avx2_verdict,
     "data:operators-model-assumptions": model_assumptions,
     "data:operators-split-peak-gain": split_peak_gain,
     "data:operators-model-mixed": model_mixed,

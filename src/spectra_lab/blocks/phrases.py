@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spectra_lab.blocks.common import STEP_TARGET, json_of, main_job_losses, value_range
-from spectra_lab.blocks.operators_phrases import clip_step_table
 
 
 def records(root: Path, name: str, layer_part: str, steps: tuple[int, ...]) -> list[dict]:
@@ -212,13 +211,6 @@ def default_124m(root: Path) -> str:
             f"{step / rows['paper-wrap-bf16']:.2f}× the paper's bf16 wrapper's")  # fmt: skip
 
 
-def signum_no_bf16(root: Path) -> str:
-    """Spectra-Signum's clip without bf16 units, ``eigh`` against the default (``chebyshev``)."""
-    labels = {"signum": "Signum twin", "spectra-signum eigh": "`eigh`",
-              "spectra-signum auto": "`chebyshev` (the default)"}  # fmt: skip
-    return clip_step_table(root, "main_job_clip_step_signum_no_bf16", labels)
-
-
 def rates(root: Path) -> list[dict]:
     names = ("bench_ops_cpu", "bench_ops_cpu_recorded", "bench_ops_cpu_synthetic",
              "bench_ssc_vs_orth_cpu")  # fmt: skip
@@ -233,7 +225,6 @@ QUOTED = {"repro-same": repro_same, "repro-spectra": repro_spectra,
 
 #: The phrases by block key.
 PHRASES: dict[str, Callable[[Path], str]] = {
-    "data:operators-signum-no-bf16-table": signum_no_bf16,
     **{f"data:diag-{k}": f for k, f in DIAGNOSTICS.items()},
     **{f"data:q-{k}": f for k, f in QUOTED.items()},
 }
