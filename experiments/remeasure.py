@@ -29,14 +29,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The main job's step against its AdamW twin, from the trainer's own per-step timings: four
-#: 300-step runs, alternating, then their medians (experiments/step_ratio.py).
-STEP_RATIO = " && ".join(
-    [f"spectra train --optimizer {o} --out runs/ratio-{o}-{i} --no-progress --overwrite"
-     for i in (1, 2) for o in ("adamw", "spectra-adamw")]
-    + ["python experiments/step_ratio.py runs/ratio-adamw-1 runs/ratio-spectra-adamw-1 "
-       "runs/ratio-adamw-2 runs/ratio-spectra-adamw-2 --json docs/data/main_job_step_ratio.json"]
-)  # fmt: skip
+
+def step_ratio(prefix: str, out: str) -> str:
+    """The main job's step against its AdamW twin, from the trainer's own per-step timings: four
+    300-step runs (``runs/ratio-PREFIX<optimizer>-<i>``), alternating, then their medians
+    (experiments/step_ratio.py) into ``out``."""
+    pairs = [(o, f"runs/ratio-{prefix}{o}-{i}") for i in (1, 2) for o in ("adamw", "spectra-adamw")]
+    train = [f"spectra train --optimizer {o} --out {r} --no-progress --overwrite" for o, r in pairs]
+    runs = " ".join(r for _, r in pairs)
+    return " && ".join([*train, f"python experiments/step_ratio.py {runs} --json {out}"])
+
+
+STEP_RATIO = step_ratio("", "docs/data/main_job_step_ratio.json")
 
 #: What takes a CPU without bf16 units' path on a CPU that has them: spectra forms its bf16
 #: products as float32 products of bf16 operands (torch's own bf16 products stay native).
@@ -140,12 +144,16 @@ COMMANDS: dict[str, str] = {
     "baselines_state_memory": "python experiments/baselines_state_memory.py --json "
     "docs/data/baselines_state_memory.json",
     "main_job_step_ratio": STEP_RATIO,
+    "main_job_step_ratio_avx2_epyc": step_ratio(
+        "epyc-", "docs/data/main_job_step_ratio_avx2_epyc.json"
+    ),
     "gpu_step_memory_model": "python experiments/gpu_step_memory_model.py",
 }
 
 #: The reports of a CPU that has no bf16 units itself (not the path taken on purpose): only such
 #: a CPU measures them again.
-OWN_CPU_WITHOUT_BF16 = ("main_job_clip_step_avx2_epyc", "main_job_clip_step_signum_avx2_epyc")
+OWN_CPU_WITHOUT_BF16 = ("main_job_clip_step_avx2_epyc", "main_job_clip_step_signum_avx2_epyc",
+                        "main_job_step_ratio_avx2_epyc")  # fmt: skip
 
 
 def why(name: str, stale: dict[str, str]) -> str | None:

@@ -414,8 +414,17 @@ def test_the_main_jobs_clip_on_an_avx2_only_cpu_is_the_stored_run():
     assert round(auto["ratio_by_optimizer_time"], 2) <= 1.05
     assert max(auto["runs_ratio_by_optimizer_time"]) <= 1.05
     assert auto["ratio_by_optimizer_time"] < rows["spectra-adamw eigh"]["ratio_by_optimizer_time"]
-    assert_quoted(f"meets the `1.05×` target at {auto['ratio_by_optimizer_time']:.3f}× (its runs: "
-                  f"{auto['runs_mean']:.3f} ± {auto['runs_std']:.3f}", "docs/operators.md")  # fmt: skip
+    # the trainer's own timings of the main job there (experiments/step_ratio.py)
+    ratio = data("docs/data/main_job_step_ratio_avx2_epyc.json")
+    assert ratio["machine"]["cpu_bf16"] == "emulated" and len(ratio["pairs"]) == 2
+    for p in ratio["pairs"]:
+        added = p["spectra"]["optimizer_ms"] - p["base"]["optimizer_ms"]
+        assert p["by_optimizer_time"] == pytest.approx(1 + added / p["base"]["step_ms"])
+    quoted = " and ".join(f"{p['by_optimizer_time']:.3f}" for p in ratio["pairs"])
+    assert_quoted(f"**{quoted}×** by optimizer time", "docs/operators.md")
+    phrase = (f"meets the `1.05×` target at {auto['ratio_by_optimizer_time']:.3f}× (its runs: "
+              f"{auto['runs_mean']:.3f} ± {auto['runs_std']:.3f}")  # fmt: skip
+    assert_quoted(phrase, "docs/operators.md")
 
 
 def test_the_main_jobs_clip_on_the_path_without_bf16_units_is_the_stored_run():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable
@@ -274,10 +275,15 @@ def step_ratio_native(root: Path) -> str:
             f"{s['total_ms'] / a['total_ms']:.3f}×)")  # fmt: skip
 
 
-def step_ratio_main_job(root: Path) -> str:
+def step_ratio_main_job(name: str) -> Callable[[Path], str]:
     """The main job's runs, Spectra-AdamW against AdamW alternately (``experiments/
-    step_ratio.py``): the medians of their optimizer steps and the ratios of their steps."""
-    pairs = json_of(root, "docs/data/main_job_step_ratio.json")["pairs"]
+    step_ratio.py``, ``docs/data/NAME.json``): the medians of their optimizer steps and the
+    ratios of their steps."""
+    return functools.partial(_step_ratio, name=name)
+
+
+def _step_ratio(root: Path, name: str) -> str:
+    pairs = json_of(root, f"docs/data/{name}.json")["pairs"]
 
     def each(f: Callable[[dict], float], fmt: str) -> str:
         return " and ".join(f"{f(p):{fmt}}" for p in pairs)
