@@ -57,17 +57,43 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+#: The products a GPU runs on bf16 operands in one kernel, with a bf16 result.
+_PRODUCTS = ("mm", "bmm", "addmm", "baddbmm")
+
+
+class _Bf16Products(TorchDispatchMode):
+    """bf16 products at float32 speed: each runs on float32 copies of its operands and rounds its
+    result to bf16 once (a tensor core's numerics, up to the order of the sums). A mode below
+    :class:`LiveBytes` hides the float32 copies from it, which sees the bf16 result alone, as a
+    GPU allocates it. A CPU without bf16 units would otherwise run torch's bf16 products some 50×
+    slower than float32, or take the operators' emulation, whose float32 temporaries a GPU
+    never allocates."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in _PRODUCTS and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
+        ):
+            wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+            return func(*wide, **kwargs).to(torch.bfloat16)
+        return func(*args, **kwargs)
+
+
 @contextmanager
 def gpu_code_path() -> Iterator[None]:
-    """Within: CPU steps take the code path of a CUDA step (deferred reads, foreach Adam)."""
+    """Within: CPU steps take the code path of a CUDA step (deferred reads, foreach Adam, and
+    bf16 products as on a device with bf16 units, at float32 speed: :class:`_Bf16Products`)."""
+    from spectra.ops import _common
     from spectra.optim import adamw, plan
 
-    saved = plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES
+    saved = plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, _common.CPU_HAS_BF16_UNITS
     plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES = True, ()
+    _common.CPU_HAS_BF16_UNITS = True
     try:
-        yield
+        with _Bf16Products():
+            yield
     finally:
-        plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES = saved
+        plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, _common.CPU_HAS_BF16_UNITS = saved
 
 
 def step_peak(
