@@ -21,11 +21,13 @@ the weights is that of every singular direction of the result.
 The polynomial runs by Paterson and Stockmeyer's scheme (SIAM J. Comput. 2(1), 1973) in the
 monomial basis of T: the powers ``T², …, T^s`` (``T²`` from the ``G²`` the bound needs, with no
 product), then Horner's rule in ``T^s`` over blocks of s coefficients; ``s`` minimises the
-products, ``(s − 2) + ⌈(d + 1)/s⌉ − 1``. The matrices of a batch whose degrees take the same
-number of products run together, at the highest degree among them. The main job's 192-wide
-matrices take degrees 2–12, five products of ``m × m`` or fewer besides the Gram matrix and
-``K·X``: its optimizer step is faster than with ``"eigh"`` or ``"mixed"`` on a CPU without bf16
-units (docs/operators.md).
+products, ``(s − 2) + ⌈(d + 1)/s⌉ − 1``; a batch runs at its highest degree. (Running the
+matrices whose degrees take the same products together, at the highest of theirs, saved a
+quarter of the main job's polynomial products but made its optimizer step 2.7 ms slower on a
+2-core AVX2 EPYC: small batches and their copies cost more.) The main job's 192-wide matrices
+take degrees 2–12, five products of ``m × m`` or fewer besides the Gram matrix and ``K·X``: its
+optimizer step is faster than with ``"eigh"`` or ``"mixed"`` on a CPU without bf16 units
+(docs/operators.md).
 The monomial coefficients of the interpolant grow with the degree (their absolute sum is 7 at
 d = 12, 240 at d = 17 and 1e5 at d = 25), and float32 rounding grows with them, so the degree
 stops at ``CHEB_MAX_DEGREE``: matrices whose L needs more (``L ≳ 25`` at ``tol = 1e-3``, i.e.
@@ -223,34 +225,9 @@ def _plan(
     if len(keep) < len(found):
         rows = torch.tensor(keep, device=G.device)
         G, G2, u, L = G[rows], G2[rows], u[rows], L[keep]
+    a = interpolant(L, max(found[k] for k in keep)).to(G.device)
     safe = torch.where(u > 0, u, torch.ones_like(u))  # G = 0: T = −I and p(−1) = 1
-    return _factors(G, G2, safe, L, [found[k] for k in keep]), u, poly, exact
-
-
-def products(d: int) -> int:
-    """The ``m × m`` products of the degree-``d`` polynomial given ``T²``: ``(s − 2) +
-    ⌈(d + 1)/s⌉ − 1`` for ``s = block_size(d)``."""
-    s = block_size(d)
-    return max(s - 2, 0) + -(-(d + 1) // s) - 1
-
-
-def _factors(G: Tensor, G2: Tensor, u: Tensor, L: Tensor, degs: list[int]) -> Tensor:
-    """:func:`polynomial` for each matrix of the batch at its degree ``degs[i]``: the matrices
-    whose degrees take the same number of :func:`products` run together, at the highest of
-    their degrees (one group: the batch as it is). A batch's degrees spread with its matrices'
-    σ_max/c (the main job's 16 attention matrices took degrees 4–10 on one step): one degree for
-    all, the highest, took 64 products of 192² where the groups take 48."""
-    groups: dict[int, list[int]] = {}
-    for i, d in enumerate(degs):
-        groups.setdefault(products(d), []).append(i)
-    if len(groups) == 1:
-        return polynomial(G, G2, u, interpolant(L, max(degs)).to(G.device))
-    K = torch.empty_like(G)
-    for rows in groups.values():
-        at = torch.tensor(rows, device=G.device)
-        a = interpolant(L[rows], max(degs[i] for i in rows)).to(G.device)
-        K[at] = polynomial(G[at], G2[at], u[at], a)
-    return K
+    return polynomial(G, G2, safe, a), u, poly, exact
 
 
 def _precision(X: Tensor, dtype: torch.dtype | None) -> torch.dtype:
