@@ -118,17 +118,17 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
     per_run = [measure(args) for _ in range(args.runs)]
+    # each row's steps over all runs, pooled
+    pooled = [Timed(first.name, [t for runs in per_run for t in runs[k].totals],
+                    [t for runs in per_run for t in runs[k].opt_times])
+              for k, first in enumerate(per_run[0])]  # fmt: skip
+    twin_total = statistics.median(pooled[0].totals)
     rows = []
-    for k, first in enumerate(per_run[0]):
-        totals = [t for runs in per_run for t in runs[k].totals]
-        opts = [t for runs in per_run for t in runs[k].opt_times]
-        twin_totals = [t for runs in per_run for t in runs[0].totals]
-        twin_opts = [t for runs in per_run for t in runs[0].opt_times]
-        t, o = statistics.median(totals), statistics.median(opts)
-        twin_total, twin_opt = statistics.median(twin_totals), statistics.median(twin_opts)
-        rows.append({"row": first.name, "total_ms": 1e3 * t, "optimizer_ms": 1e3 * o,
+    for k, row in enumerate(pooled):
+        t, o = statistics.median(row.totals), statistics.median(row.opt_times)
+        rows.append({"row": row.name, "total_ms": 1e3 * t, "optimizer_ms": 1e3 * o,
                      "ratio_by_steps": t / twin_total,
-                     "ratio_by_optimizer_time": 1.0 + (o - twin_opt) / twin_total})  # fmt: skip
+                     "ratio_by_optimizer_time": by_optimizer_time(row, pooled[0])})  # fmt: skip
         r = rows[-1]
         if args.runs > 1:
             each = [by_optimizer_time(runs[k], runs[0]) for runs in per_run]
