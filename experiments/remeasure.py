@@ -148,12 +148,18 @@ COMMANDS: dict[str, str] = {
         "epyc-", "docs/data/main_job_step_ratio_avx2_epyc.json"
     ),
     "gpu_step_memory_model": "python experiments/gpu_step_memory_model.py",
+    "gpu_step_host_ops": "python experiments/gpu_step_host_ops.py",
 }
 
 #: The reports of a CPU that has no bf16 units itself (not the path taken on purpose): only such
 #: a CPU measures them again.
 OWN_CPU_WITHOUT_BF16 = ("main_job_clip_step_avx2_epyc", "main_job_clip_step_signum_avx2_epyc",
                         "main_job_step_ratio_avx2_epyc")  # fmt: skip
+
+
+#: The reports that model a GPU step on the CPU (its code path, bf16 products included, whatever
+#: the CPU has): any CPU measures them alike.
+ANY_CPU = ("gpu_step_memory_model", "gpu_step_host_ops")
 
 
 def why(name: str, stale: dict[str, str]) -> str | None:
@@ -169,7 +175,7 @@ def why(name: str, stale: dict[str, str]) -> str | None:
     if name in OWN_CPU_WITHOUT_BF16:
         if about.get("cpu_bf16") != "emulated":
             return "not measured on a CPU without bf16 units"
-    elif emulated != (NO_BF16_UNITS in COMMANDS[name]):
+    elif name not in ANY_CPU and emulated != (NO_BF16_UNITS in COMMANDS[name]):
         return "measured on the other bf16 path than the page quotes"
     return stale.get(name)
 

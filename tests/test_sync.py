@@ -25,25 +25,41 @@ SHAPES = [(48, 32), (48, 32), (32, 96), (96, 32), (64, 64), (32,), (4, 8, 3)]
 
 @contextlib.contextmanager
 def counted_reads(skip: set[int]):
-    """Count host reads of tensors, except those whose id is in ``skip``."""
+    """Count host reads of tensors, except those whose id is in ``skip`` and those of the step
+    counters, which :func:`spectra.optim.base.read_counts` reads (CPU tensors on every device
+    without ``capturable``, as in torch's optimizers)."""
+    from spectra.optim import base
+
     seen: list[str] = []
     real = {name: getattr(torch.Tensor, name) for name in READS}
+    real_counts = base.read_counts
+    counting = [False]
 
     def wrap(name):
         def read(self, *args, **kwargs):
-            if id(self) not in skip:
+            if id(self) not in skip and not counting[0]:
                 seen.append(f"{name} of {tuple(self.shape)} {self.dtype}")
             return real[name](self, *args, **kwargs)
 
         return read
 
+    def read_counts(counters):
+        assert all(t.device.type == "cpu" for t in counters)
+        counting[0] = True
+        try:
+            return real_counts(counters)
+        finally:
+            counting[0] = False
+
     try:
         for name in READS:
             setattr(torch.Tensor, name, wrap(name))
+        base.read_counts = read_counts
         yield seen
     finally:
         for name, fn in real.items():
             setattr(torch.Tensor, name, fn)
+        base.read_counts = real_counts
 
 
 def step_counters(opt) -> set[int]:

@@ -116,6 +116,15 @@ def has_bf16_units(device: torch.device) -> bool:
     return device.type != "cpu" or CPU_HAS_BF16_UNITS
 
 
+def matmul(A: Tensor, B: Tensor) -> Tensor:
+    """``A @ B``, as ``torch.bmm`` where both are ``(B, m, k)`` and ``(B, k, n)`` batches: the
+    same kernel, without the five views through which ``@`` folds the batch dimensions (each a
+    dispatch on the host, which bounds a GPU step of small matrices)."""
+    if A.dim() == 3 and B.dim() == 3 and A.shape[0] == B.shape[0]:
+        return torch.bmm(A, B)
+    return torch.matmul(A, B)
+
+
 def bf16_matmul(A: Tensor, B: Tensor) -> Tensor:
     """``A @ B`` for bf16 operands with a bf16 result, accumulated in float32.
 
@@ -124,8 +133,8 @@ def bf16_matmul(A: Tensor, B: Tensor) -> Tensor:
     product, up to the order of the float32 summation, at float32 speed.
     """
     if has_bf16_units(A.device):
-        return A @ B
-    return (A.float() @ B.float()).to(torch.bfloat16)
+        return matmul(A, B)
+    return matmul(A.float(), B.float()).to(torch.bfloat16)
 
 
 def bf16_products_fp32(A: Tensor, B: Tensor) -> Tensor:
@@ -135,7 +144,7 @@ def bf16_products_fp32(A: Tensor, B: Tensor) -> Tensor:
     numerics up to the order of the summation."""
     if A.device.type == "cuda":
         return _float32_output_products(A, B)
-    return A.float() @ B.float()
+    return matmul(A.float(), B.float())
 
 
 def _float32_output_products(A: Tensor, B: Tensor) -> Tensor:

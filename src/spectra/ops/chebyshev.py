@@ -76,9 +76,16 @@ def weights_in_t(L: Tensor, t: Tensor) -> Tensor:
     return torch.rsqrt(1.0 + L[:, None] * (t[None, :] + 1.0) * 0.5)
 
 
-@functools.lru_cache(maxsize=CHEB_MAX_DEGREE + 1)
+# Tables computed once, in plain dicts: torch.compile traces through a functools cache and
+# warns of "potential silent incorrectness" for it, where it reads a dict as the data it is.
+_MONOMIAL: dict[int, Tensor] = {}
+_DEGREE_LIMITS: dict[float, tuple[float, ...]] = {}
+
+
 def _chebyshev_to_monomial(d: int) -> Tensor:
     """Row j: the coefficients of ``T_j(t)`` in ``1, t, …, t^d`` (float64)."""
+    if d in _MONOMIAL:
+        return _MONOMIAL[d]
     P = torch.zeros(d + 1, d + 1, dtype=torch.float64)
     P[0, 0] = 1.0
     if d >= 1:
@@ -86,6 +93,7 @@ def _chebyshev_to_monomial(d: int) -> Tensor:
     for j in range(2, d + 1):  # T_j = 2t·T_{j−1} − T_{j−2}
         P[j, 1:] = 2.0 * P[j - 1, :-1]
         P[j] -= P[j - 2]
+    _MONOMIAL[d] = P
     return P
 
 
@@ -111,11 +119,12 @@ def relative_error(L: float, d: int) -> float:
     return float((p / weights_in_t(Lt, t)[0] - 1.0).abs().max())
 
 
-@functools.lru_cache(maxsize=8)
 def degree_limits(tol: float) -> tuple[float, ...]:
     """``L_max(d)`` for ``d = 0, …, CHEB_MAX_DEGREE``: the largest ``L`` (to 0.1%) whose
     degree-``d`` interpolant meets ``tol``; the relative error grows with L for each d, so
     every smaller L meets it too. Found once per ``tol`` by bisection on ``log L``."""
+    if tol in _DEGREE_LIMITS:
+        return _DEGREE_LIMITS[tol]
     limits = []
     for d in range(CHEB_MAX_DEGREE + 1):
         lo, hi = -30.0, 12.0  # log L: e^-30 meets any tol ≥ 1e-6 at d = 0; e^12 no d ≤ 16 does
@@ -123,7 +132,8 @@ def degree_limits(tol: float) -> tuple[float, ...]:
             mid = 0.5 * (lo + hi)
             lo, hi = (mid, hi) if relative_error(math.exp(mid), d) <= tol else (lo, mid)
         limits.append(math.exp(lo))
-    return tuple(limits)
+    _DEGREE_LIMITS[tol] = tuple(limits)
+    return _DEGREE_LIMITS[tol]
 
 
 def degrees(L: list[float], tol: float) -> list[int | None]:

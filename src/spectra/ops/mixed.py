@@ -21,6 +21,7 @@ from spectra.ops._common import (
     check_matrix_input,
     check_threshold,
     has_bf16_units,
+    matmul,
     pow2_floor,
     split_bf16_matmul,
     wide_view,
@@ -104,7 +105,7 @@ def _mixed_run(c: float, plan: Plan, transposed: bool) -> Tensor:
     """``soft_clip_mixed`` of the matrix whose wide view is ``plan.Xh`` (in Xh's precision):
     ``K·Xh``, or ``Xhᵀ·Kᵀ`` in the input's own layout when the wide view is its transpose."""
     K = _mixed_factor(c, plan).to(plan.Xh.dtype)
-    mm = split_bf16_matmul if plan.dtype == torch.bfloat16 else torch.matmul
+    mm = split_bf16_matmul if plan.dtype == torch.bfloat16 else matmul
     return mm(plan.Xh.mT, K.mT) if transposed else mm(K, plan.Xh)
 
 

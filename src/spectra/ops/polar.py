@@ -26,6 +26,7 @@ from spectra.ops._common import (
     check_threshold,
     compute_dtype,
     fp32_products_are_ieee,
+    matmul,
     orient,
     pow2_scale,
     split_bf16_matmul,
@@ -120,14 +121,14 @@ def scaled_x(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
 def _grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
     :func:`gram_square_and_bound`."""
-    mm = split_bf16_matmul if split else torch.matmul
+    mm = split_bf16_matmul if split else matmul
     G = mm(Xh, Xh.mT)
     if x_inv is not None:
         G.mul_((x_inv * x_inv).to(G.dtype))
     return gram_square_and_bound(G, mm)
 
 
-def gram_square_and_bound(G: Tensor, mm=torch.matmul) -> tuple[Tensor, Tensor, Tensor]:
+def gram_square_and_bound(G: Tensor, mm=matmul) -> tuple[Tensor, Tensor, Tensor]:
     """``(G, G², s²_max)`` with ``s²_max = min(max_i Σ_j |G_ij|, ‖G²‖_F^{1/2}) ≥ λ_max``
     (float64; ``‖G²‖_F^{1/2} ≤ ‖G‖_F``, so the Frobenius norm of G would not tighten it). The
     norms are taken in G's precision: rounding can put the bound ~1e-7 below λ_max, which the
@@ -176,17 +177,19 @@ def bounds(
 ) -> GramState:
     """α and the weights of M̂ from the scaled Gram matrix ``G`` and its bound ``lam``."""
     # r² = s²_max/c² in the original units; α = 1 + r². Everything below stays finite for
-    # any finite X and c: w_id = 1/α and w_G = (1 − 1/α)/s²_max (scaled units).
-    scale0 = scale.squeeze(-1).squeeze(-1)
+    # any finite X and c: w_id = 1/α (0 where r or r² overflows) and w_G = (1 − 1/α)/s²_max
+    # (scaled units; 0 where s²_max = 0, since w_id is then 1). Each operation is a kernel
+    # launch on a GPU, a dispatch on its host, for a handful of numbers: none is spent on a
+    # case the arithmetic already covers.
+    scale0 = scale.reshape(scale.shape[:-2])
     r = lam.sqrt() * (scale0 / c)  # may be inf for tiny c
     w_id = torch.reciprocal(1.0 + r * r)
-    w_id = torch.where(torch.isinf(r), torch.zeros_like(w_id), w_id)
-    lam_safe = torch.where(lam > 0, lam, torch.ones_like(lam))
-    w_g = torch.where(lam > 0, (1.0 - w_id) / lam_safe, torch.zeros_like(lam))
-    # α for the schedule, and whether the input was finite (an inf or nan entry makes the
-    # scale or the Gram matrix non-finite)
-    finite = torch.isfinite(scale).all() & torch.isfinite(lam).all()
-    alpha = (1.0 / w_id.clamp_min(1e-300)).max()
+    lam_safe = torch.where(lam > 0, lam, 1.0)
+    w_g = (1.0 - w_id) / lam_safe
+    # α for the schedule (1/min w_id), and whether the input was finite: an inf or nan entry
+    # makes the scale or the Gram matrix non-finite, and so their sum (both are ≥ 0)
+    finite = torch.isfinite(scale0 + lam).all()
+    alpha = w_id.amin().clamp_min(1e-300).reciprocal()
     request = torch.stack([alpha, finite.to(torch.float64), in_range.to(torch.float64)])
     return GramState(G, G2, scale, r, w_id, w_g, lam_safe, G.dtype, split, exact, c, x_inv, request)
 
@@ -338,7 +341,7 @@ def _polar_run(Xw: Tensor, c: float, plan: Plan) -> Tensor:
     M_hat = wg * G64 + wi * eye
     M_hat_sq = (wg * wg) * G2.to(torch.float64) + (2.0 * wg * wi) * G64 + (wi * wi) * eye
     # split bf16 products keep float32 operands
-    store, mm = (torch.float32, split_bf16_matmul) if wd == torch.bfloat16 else (wd, torch.matmul)
+    store, mm = (torch.float32, split_bf16_matmul) if wd == torch.bfloat16 else (wd, matmul)
     Z = coupled_inverse_sqrt(M_hat.to(store), M_hat_sq.to(store), coeffs, matmul=mm)
     return mm(Z, Xh.to(store)).to(torch.float64) * output_factor(c, plan)
 
@@ -347,9 +350,9 @@ def output_factor(c: float, plan: Plan) -> Tensor:
     """The per-matrix factor (float64, shape ``(..., 1, 1)``) with ``H_c(X) = f·Z·Xh`` for
     ``Z ≈ M̂^{-1/2}``: ``scale/√α = scale/hypot(1, r)``, or ``c/√s²_max`` when r overflowed,
     times ``x_inv`` when Xh is X itself."""
-    scale0 = plan.scale.squeeze(-1).squeeze(-1)
-    finite = scale0 / torch.hypot(torch.ones_like(plan.r), plan.r)
-    factor = torch.where(torch.isinf(plan.r), c / plan.lam_safe.sqrt(), finite)[..., None, None]
+    finite = plan.scale.reshape(plan.r.shape) / torch.hypot(torch.ones_like(plan.r), plan.r)
+    factor = torch.where(torch.isinf(plan.r), plan.lam_safe.rsqrt().mul_(c), finite)
+    factor = factor.reshape(plan.scale.shape)
     return factor if plan.x_inv is None else factor * plan.x_inv
 
 

@@ -52,9 +52,11 @@ def adam_direction(
     adam_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
     # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars.
     on_device = len(steps) > 0 and torch.is_tensor(steps[0])
-    sqrt = torch.sqrt if on_device else math.sqrt
-    bc2_sqrt = [sqrt(1.0 - beta2**t) for t in steps]
-    factors = [b / (1.0 - beta1**t) for b, t in zip(bc2_sqrt, steps, strict=True)]
+    if on_device:
+        bc2_sqrt, factors = _device_bias_corrections(steps, beta1, beta2)
+    else:
+        bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in steps]
+        factors = [b / (1.0 - beta1**t) for b, t in zip(bc2_sqrt, steps, strict=True)]
     if out and out[0].device.type in PER_TENSOR_DEVICES and not on_device:
         # three passes over memory a tensor: √v, + ε√(1−β₂ᵗ), then 0 + k·m/denominator in one
         # addcdiv (whose input is a 0-d zero); the six foreach passes below took 4.5 ms
@@ -74,6 +76,22 @@ def adam_direction(
     torch._foreach_reciprocal_(out)
     torch._foreach_mul_(out, exp_avgs)
     torch._foreach_mul_(out, factors)
+
+
+def _device_bias_corrections(
+    steps: list[Tensor], beta1: float, beta2: float
+) -> tuple[list[Tensor], list[Tensor]]:
+    """``√(1−β₂ᵗ)`` and ``√(1−β₂ᵗ)/(1−β₁ᵗ)`` of 0-d step counts on the device (a capturable
+    step), each with multi-tensor operations over all the counts: a handful of kernels where
+    tensor-by-tensor arithmetic launches six a parameter."""
+    bc2_sqrt = torch._foreach_pow(beta2, steps)
+    torch._foreach_neg_(bc2_sqrt)
+    torch._foreach_add_(bc2_sqrt, 1.0)
+    torch._foreach_sqrt_(bc2_sqrt)
+    bc1 = torch._foreach_pow(beta1, steps)
+    torch._foreach_neg_(bc1)
+    torch._foreach_add_(bc1, 1.0)
+    return bc2_sqrt, torch._foreach_div(bc2_sqrt, bc1)
 
 
 class AdamW(SpectraOptimizer):

@@ -102,6 +102,14 @@ def step_counter(value: float = 0.0, device: torch.device | None = None) -> Tens
     return torch.tensor(float(value), dtype=torch.float32, device=device)
 
 
+def read_counts(counters: list[Tensor]) -> list[float]:
+    """The values of 0-d step counts: one read where they share a device (the CPU, without
+    ``capturable``), else one a count."""
+    if len({t.device for t in counters}) == 1:
+        return torch.stack(counters).tolist()
+    return [t.item() for t in counters]
+
+
 class SpectraOptimizer(Optimizer):
     """Base class: a base direction (supplied by the subclass) inside the SPECTRA chain.
 
@@ -382,7 +390,7 @@ class SpectraOptimizer(Optimizer):
 
     def _plans(self, work: Work) -> list[ParamPlan]:
         """Count the step in every state (creating it first) and plan each parameter."""
-        plans = []
+        counters = []
         for group, params in work:
             for p in params:
                 state = self.state[p]
@@ -395,11 +403,16 @@ class SpectraOptimizer(Optimizer):
                 if adaptive_pre(group, p):
                     # a float, which load_state_dict keeps as saved (it casts tensors)
                     state.setdefault("pre_clip_ema", pre_clip_ema_init(group, p))
-                state["step"].add_(1)  # a float32 0-d tensor, as torch's optimizers keep it
-                # capturable: the count stays on the device; no schedule reads it (refused)
-                step = 0 if group["capturable"] else int(state["step"]) - 1
-                plans.append(self.param_plan(group, p, step))
-        return plans
+                counters.append(state["step"])
+        # float32 0-d tensors, as torch's optimizers keep them: one multi-tensor add for all
+        torch._foreach_add_(counters, 1)
+        # capturable: the counts stay on the device; no schedule reads them (refused)
+        steps = iter(() if self.defaults["capturable"] else read_counts(counters))
+        return [
+            self.param_plan(group, p, 0 if group["capturable"] else int(next(steps)) - 1)
+            for group, params in work
+            for p in params
+        ]
 
     def _chunk_elements(self, params: list[Tensor]) -> int | None:
         """The chain's chunk budget: ``chunk_elements`` (``None``: all at once, so that a
@@ -421,10 +434,11 @@ class SpectraOptimizer(Optimizer):
             params = [where[i][1] for i in idx[start:end]]
             # The math acts on local shards (the state stays DTensor for checkpoints) and sees
             # the step count as an int (a 0-d device tensor under capturable).
-            count = (lambda v: v) if group["capturable"] else int
+            counters = [self.state[p]["step"] for p in params]
+            counts = counters if group["capturable"] else map(int, read_counts(counters))
             states = [
-                {k: count(v) if k == "step" else local(v) for k, v in self.state[p].items()}
-                for p in params
+                {**{k: local(v) for k, v in self.state[p].items()}, "step": n}
+                for p, n in zip(params, counts, strict=True)
             ]
             # Contiguous, so that the spectral links can view each as its (m, n) matrix.
             bufs = [

@@ -56,6 +56,13 @@ if TYPE_CHECKING:
 #: parameter, which the chain overwrites.
 Direction = Callable[[list[int], list[Tensor]], list[Tensor]]
 
+#: Devices where :func:`finite_flag` checks tensor by tensor (``aminmax``) rather than with one
+#: multi-tensor max-norm: on the CPU the first is about five times faster (1.1 against 6.0 ms
+#: at the main job's shapes, two threads); on a GPU the second launches one kernel where the
+#: first launches one a tensor, and stacks their results (some 340 operations at the 124M
+#: shapes).
+PER_TENSOR_CHECK_DEVICES = ("cpu",)
+
 #: The threshold at which an adaptive pre-clip's measuring step forms its Gram matrix: so large
 #: that the clip's scale is σ̂_max itself for any float64 gradient (its result is not used).
 MEASURE_C = 1e150
@@ -243,8 +250,9 @@ def add_update_(
     tensor) only where it holds True (the updates, which may then hold inf or nan, are zeroed
     in place where it holds False)."""
     if keep is not None:
+        drop = ~keep
         for u in updates:
-            u.masked_fill_(~keep, 0.0)
+            u.masked_fill_(drop, 0.0)
     # by coefficient: a float lr as the product αη (α = 1), a tensor lr (capturable) by
     # identity with α, never compared by value
     by: list[tuple[float | Tensor, float, list[tuple[Tensor, Tensor]]]] = []
@@ -308,11 +316,27 @@ def finite_flag(tensors: Sequence[Tensor]) -> Tensor | None:
         return None
     if not dense:
         return torch.ones((), dtype=torch.bool)
+    if dense[0].device.type not in PER_TENSOR_CHECK_DEVICES:
+        return _largest_entries_finite(dense)
     # min and max are finite exactly when every entry is (nan propagates), and unlike a norm
-    # they cannot overflow for finite input.
-    return (
-        torch.cat([v.reshape(1).float() for t in dense for v in torch.aminmax(t)]).isfinite().all()
-    )
+    # they cannot overflow for finite input; cat promotes them to the widest dtype, which
+    # holds each (a float64 direction of 1e300 is finite)
+    return torch.cat([v.reshape(1) for t in dense for v in torch.aminmax(t)]).isfinite().all()
+
+
+def _largest_entries_finite(tensors: Sequence[Tensor]) -> Tensor:
+    """Whether every entry is finite, from ``max|t|`` of each tensor (``torch._foreach_norm``
+    with ``ord=inf``): finite exactly when every entry is (an inf is its own max; nan
+    propagates through the max, on CUDA as on the CPU), and it cannot overflow. One
+    multi-tensor kernel per dtype on CUDA."""
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    flags = [
+        torch.stack(torch._foreach_norm(ts, ord=math.inf)).isfinite().all()
+        for ts in by_dtype.values()
+    ]
+    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
 
 def all_finite(tensors: Sequence[Tensor], group: ProcessGroup | None = None) -> bool:

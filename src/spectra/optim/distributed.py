@@ -45,13 +45,16 @@ from spectra.optim.replicated import assign_owners, balanced
 Op = Callable[[Tensor], Tensor]
 
 
+if dist.is_available():
+    from torch.distributed.tensor import DTensor
+else:  # a torch built without distributed support has no DTensor
+    DTensor = None
+
+
 def is_sharded(t: Tensor) -> bool:
     """Whether ``t`` is a ``DTensor`` (a parameter sharded by FSDP2 or any DTensor layout)."""
-    if not dist.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+    # the class is looked up once, at import: a step asks several times a parameter
+    return DTensor is not None and isinstance(t, DTensor)
 
 
 def local(t: Tensor) -> Tensor:
@@ -63,8 +66,6 @@ def shaped_like(p: Tensor, t: Tensor) -> Tensor:
     """``t`` (a local shard) as a ``DTensor`` with ``p``'s layout when ``p`` is one."""
     if not is_sharded(p):
         return t
-    from torch.distributed.tensor import DTensor
-
     return DTensor.from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
 
 

@@ -12,11 +12,16 @@ route, ``spectra.optim.adamw.PER_TENSOR_DEVICES``) and returns the peak of its s
 the parameters, gradients and state, against torch AdamW's the same way. At the 124M shapes
 this model gave 1.17× (``mixed``) and 1.45× (``polar``) torch AdamW's peak where an H100 measured
 1.18× and 1.46× (``bench optim``, docs/gpu.md) before the batch and wave fractions were cut.
+
+:func:`gpu_path_host_ops` counts, along the same code path, the operations a step dispatches
+(:class:`HostOps`): on a GPU each is a dispatch on the host and most a kernel launch, which set
+the time of a step of many small matrices.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -81,19 +86,35 @@ class _Bf16Products(TorchDispatchMode):
 
 @contextmanager
 def gpu_code_path() -> Iterator[None]:
-    """Within: CPU steps take the code path of a CUDA step (deferred reads, foreach Adam, and
-    bf16 products as on a device with bf16 units, at float32 speed: :class:`_Bf16Products`)."""
+    """Within: CPU steps take the code path of a CUDA step (deferred reads, foreach Adam, one
+    multi-tensor finite check, and bf16 products as on a device with bf16 units, at float32
+    speed: :class:`_Bf16Products`)."""
     from spectra.ops import _common
-    from spectra.optim import adamw, plan
+    from spectra.optim import adamw, chain, plan
 
-    saved = plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, _common.CPU_HAS_BF16_UNITS
-    plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES = True, ()
+    saved = (plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, chain.PER_TENSOR_CHECK_DEVICES,
+             _common.CPU_HAS_BF16_UNITS)  # fmt: skip
+    plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, chain.PER_TENSOR_CHECK_DEVICES = True, (), ()
     _common.CPU_HAS_BF16_UNITS = True
     try:
         with _Bf16Products():
             yield
     finally:
-        plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, _common.CPU_HAS_BF16_UNITS = saved
+        (plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, chain.PER_TENSOR_CHECK_DEVICES,
+         _common.CPU_HAS_BF16_UNITS) = saved  # fmt: skip
+
+
+def _after_first_step(
+    make: Callable[[list[torch.Tensor]], Any], shapes: list[tuple[int, ...]], seed: int
+) -> Any:
+    """``make(params)`` on random parameters and gradients, after one step (its state made)."""
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+    for p in params:
+        p.grad = 1e-3 * torch.randn(p.shape, generator=gen)
+    opt = make(params)
+    opt.step()  # the state exists from here on
+    return opt
 
 
 def step_peak(
@@ -101,12 +122,8 @@ def step_peak(
 ) -> tuple[int, int]:
     """``(peak, resident)``: the bytes a second ``step()`` of ``make(params)`` allocates at its
     peak (:class:`LiveBytes`), and those of the parameters, gradients and state held before."""
-    gen = torch.Generator().manual_seed(seed)
-    params = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
-    for p in params:
-        p.grad = 1e-3 * torch.randn(p.shape, generator=gen)
-    opt = make(params)
-    opt.step()  # the state exists from here on
+    opt = _after_first_step(make, shapes, seed)
+    params = [p for g in opt.param_groups for p in g["params"]]
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     resident = sum(t.numel() * t.element_size() for t in [*params, *state])
     resident += sum(p.grad.numel() * p.grad.element_size() for p in params)
@@ -124,3 +141,36 @@ def gpu_path_peak(
         mine, held = step_peak(make, shapes)
         ref, ref_held = step_peak(lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True), shapes)
     return (held + mine) / (ref_held + ref)
+
+
+class HostOps(TorchDispatchMode):
+    """Within the mode: the aten operations dispatched, by kind (``kinds``) and by name
+    (``names``). ``compute``: an operation that runs a kernel or allocates (a kernel launch
+    on a GPU); ``view``: one that makes a view (metadata only); ``read``: a host read of a
+    tensor's value (``_local_scalar_dense``: ``item()``, ``int()``; ``tolist()`` is not
+    dispatched). Each is a dispatch on the host, which bounds a GPU step of small matrices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: Counter[str] = Counter()
+        self.names: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        kind = "view" if func.is_view else "read" if name == "_local_scalar_dense" else "compute"
+        self.kinds[kind] += 1
+        self.names[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def gpu_path_host_ops(
+    make: Callable[[list[torch.Tensor]], Any], shapes: list[tuple[int, ...]]
+) -> HostOps:
+    """The operations ``make``'s second step dispatches on the CUDA code path (the bf16
+    products counted once each, as a GPU runs them: :class:`HostOps` above
+    :class:`_Bf16Products`)."""
+    with gpu_code_path():
+        opt = _after_first_step(make, shapes, seed=0)
+        with HostOps() as mode:
+            opt.step()
+    return mode

@@ -200,3 +200,13 @@ def gpu_memory_model(root: Path) -> str:
     (``experiments/gpu_step_memory_model.py``)."""
     rows = json_of(root, "docs/data/gpu_step_memory_model.json")["rows"]
     return ", ".join(f"`{r['row']}` {r['peak_vs_torch_adamw']:.2f}×" for r in rows)
+
+
+def gpu_host_ops(root: Path) -> str:
+    """The operations one step dispatches on the CUDA code path at the 124M shapes, counted on
+    the CPU (``experiments/gpu_step_host_ops.py``)."""
+    stored = json_of(root, "docs/data/gpu_step_host_ops.json")
+    rows = [[f"`{r['row']}`", str(r["operations"]), str(r["compute"]), str(r["view"]),
+             str(r["read"])] for r in stored["rows"]]  # fmt: skip
+    return table(["step (124M shapes)", "operations", "compute (launches)", "views", "reads"],
+                 rows, "lrrrr")  # fmt: skip

@@ -1,0 +1,69 @@
+"""The operations a GPU step dispatches on its host, counted on the CPU at the 124M shapes.
+
+Runs each optimizer's second step along the code path of a CUDA step and counts the aten
+operations it dispatches (:func:`spectra_lab.bench.live_bytes.gpu_path_host_ops`): on a GPU
+each is a dispatch on the host, and each ``compute`` one a kernel launch. In the H200's
+profile of the default 124M step (docs/data/gpu/profile_124m_step.txt) the host's time
+exceeded the kernels', so the count sets the step's time there. Torch AdamW (foreach) is the
+reference. Prints a table and writes ``docs/data/gpu_step_host_ops.json``::
+
+    python experiments/gpu_step_host_ops.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import spectra.optim as so
+from spectra_lab.bench.live_bytes import gpu_path_host_ops
+from spectra_lab.bench.optim import llama_shapes
+from spectra_lab.files import write_json_atomic
+from spectra_lab.machine import device_about
+
+ROWS = {
+    "torch-adamw (foreach)": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
+    "spectra-adamw (mixed, the CUDA default)": lambda ps: so.AdamW(
+        ps, lr=1e-3, clip_c=10.0, clip_method="mixed"
+    ),
+    "spectra-adamw-capturable (mixed)": lambda ps: so.AdamW(
+        ps, lr=torch.tensor(1e-3), clip_c=10.0, clip_method="mixed", capturable=True
+    ),
+    "spectra-adamw-polar": lambda ps: so.AdamW(ps, lr=1e-3, clip_c=10.0, clip_method="polar"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/data/gpu_step_host_ops.json")
+    args = parser.parse_args()
+    shapes = llama_shapes()
+    rows = []
+    print("| row | operations | compute | views | reads | time |")
+    for name, make in ROWS.items():
+        started = time.perf_counter()
+        mode = gpu_path_host_ops(make, shapes)
+        k = mode.kinds
+        total = k["compute"] + k["view"] + k["read"]
+        rows.append({"row": name, "operations": total, "compute": k["compute"],
+                     "view": k["view"], "read": k["read"],
+                     "most": dict(mode.names.most_common(12))})  # fmt: skip
+        print(f"| {name} | {total} | {k['compute']} | {k['view']} | {k['read']} "
+              f"| {time.perf_counter() - started:.0f} s |", flush=True)  # fmt: skip
+    report = {
+        "what": "aten operations dispatched by one optimizer step (the second), counted on the "
+        "CPU along the CUDA code path (spectra_lab.bench.live_bytes.gpu_path_host_ops), 124M "
+        "shapes, float32",
+        "parameters": sum(torch.Size(s).numel() for s in shapes),
+        "tensors": len(shapes),
+        "machine": device_about("cpu"),
+        "rows": rows,
+    }
+    write_json_atomic(args.out, report)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
