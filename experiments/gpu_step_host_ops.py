@@ -31,6 +31,9 @@ ROWS = {
     "spectra-adamw-capturable (mixed)": lambda ps: so.AdamW(
         ps, lr=torch.tensor(1e-3), clip_c=10.0, clip_method="mixed", capturable=True
     ),
+    "spectra-adamw-mixed-bf16 (split bf16 products)": lambda ps: so.AdamW(
+        ps, lr=1e-3, clip_c=10.0, clip_method="mixed", clip_ns_dtype=torch.bfloat16
+    ),
     "spectra-adamw-polar": lambda ps: so.AdamW(ps, lr=1e-3, clip_c=10.0, clip_method="polar"),
 }
 

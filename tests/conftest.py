@@ -40,3 +40,15 @@ def char_tokenizer(monkeypatch):
 
     monkeypatch.setattr(importlib.import_module("spectra_lab.data"), "load_tokenizer", Chars)
     return Chars
+
+
+@pytest.fixture(scope="session")
+def tiny_state():
+    """``spectra_lab.bench.memory.measure(name, "tiny")``, measured once a session per optimizer:
+    SOAP's first step takes an eigendecomposition of the 4096-row embedding's factor, which
+    several tests would otherwise each pay for."""
+    import functools
+
+    from spectra_lab.bench.memory import measure
+
+    return functools.cache(lambda name: measure(name, "tiny"))

@@ -14,7 +14,6 @@ import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from spectra_lab.bench.memory import measure
 from spectra_lab.cli import main
 from spectra_lab.estimate.plan import activation_bytes, plan, vocab_of
 from spectra_lab.model import Llama, ModelConfig, flops_per_token, model_config
@@ -74,10 +73,10 @@ def test_one_process_has_no_ddp_buckets_and_autocast_none_plans_at_the_tf32_peak
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_optimizer_state_memory_is_the_state_measured_after_a_step(name):
+def test_optimizer_state_memory_is_the_state_measured_after_a_step(name, tiny_state):
     # measure(): the tiny preset with a 4096-token vocabulary, a real step, its state counted
     row = plan(TrainConfig(preset="tiny", optimizer=name, tokenizer="bpe", vocab_size=4096))
-    assert row["memory_ddp"]["optimizer_state"] == 4 * measure(name, "tiny")["state_elements"]
+    assert row["memory_ddp"]["optimizer_state"] == 4 * tiny_state(name)["state_elements"]
 
 
 class LiveTensors(TorchDispatchMode):

@@ -302,6 +302,22 @@ def test_split_bf16_products_are_about_1e5_accurate():
     ).max()
 
 
+def test_a_split_gram_matrix_and_square_are_the_split_products_of_their_operands():
+    """``split_bf16_gram(X)`` and ``split_bf16_matmul(G, G)`` split each operand once; the
+    result is the one two splits give, bit for bit."""
+    from spectra.ops._common import split_bf16, split_bf16_gram, split_bf16_matmul
+
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(3, 24, 70, generator=g) * torch.logspace(-2, 2, 70)
+    twice = split_bf16_matmul(X, X.mT.clone())  # a copy: split on its own
+    assert torch.equal(split_bf16_gram(X), twice)
+    G = twice
+    a1, a2 = split_bf16(G)
+    b1, b2 = split_bf16(G.clone())
+    reference = torch.cat([a1, a1, a2], -1).float() @ torch.cat([b1, b2, b1], -2).float()
+    assert torch.equal(split_bf16_matmul(G, G), reference)
+
+
 def test_cuda_bf16_products_use_the_float32_output_overloads():
     """The CUDA branch of bf16_products_fp32 (torch.mm/bmm with out_dtype=float32; run here on
     meta tensors, since CI has no GPU) gives float32 products of any batch shape."""

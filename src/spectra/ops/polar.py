@@ -29,6 +29,7 @@ from spectra.ops._common import (
     matmul,
     orient,
     pow2_scale,
+    split_bf16_gram,
     split_bf16_matmul,
     wide_view,
 )
@@ -122,7 +123,7 @@ def _grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor
     """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
     :func:`gram_square_and_bound`."""
     mm = split_bf16_matmul if split else matmul
-    G = mm(Xh, Xh.mT)
+    G = split_bf16_gram(Xh) if split else matmul(Xh, Xh.mT)
     if x_inv is not None:
         G.mul_((x_inv * x_inv).to(G.dtype))
     return gram_square_and_bound(G, mm)

@@ -131,8 +131,8 @@ def _row(run: _Run) -> dict[str, Any]:
 
 
 def pre_clips(name: str, preset: str) -> bool:
-    """Whether the registry's optimizer ``name`` can pre-clip gradients (D-Muon and SOAP
-    cannot: pre-clipping is part of spectra's own recipes)."""
+    """Whether the registry's optimizer ``name`` can pre-clip gradients (SOAP and torch's own
+    optimizers cannot: pre-clipping is part of spectra's own recipes)."""
     from spectra_lab.train.config import ConfigError, TrainConfig
     from spectra_lab.train.optimizers import check_optimizer
 
