@@ -251,11 +251,13 @@ def test_gpu_model_counts_the_flops_and_launches_of_both_methods(capsys):
     ms = paper / (0.5 * 989e12) * 1e3 + per_paper * len(mats) * 10e-3
     assert rows["paper-bf16"]["ms"] == pytest.approx(ms)
     # split bf16: three bf16 products per product; each of the 4K - 1 products (Gram, G²,
-    # 4K - 4 in the iteration, the final one) adds two 4-kernel splits and two concatenations
+    # 4K - 4 in the iteration, the final one) adds two 3-kernel splits and two concatenations,
+    # but a square (the Gram matrix, G² and each later step's E²: K + 1) splits its one
+    # operand once, three kernels fewer
     split = rows["polar-bf16x3"]
     assert split["gflop"] == pytest.approx(3 * polar / 1e9)
-    products = 4 * k - 1
-    assert split["launches"] == len(set(mats)) * (per_polar + 10 * products)
+    products, squares = 4 * k - 1, k + 1
+    assert split["launches"] == len(set(mats)) * (per_polar + 8 * products - 3 * squares)
     ms = 3 * polar / (0.5 * 989e12) * 1e3 + split["launches"] * 10e-3
     assert split["ms"] == pytest.approx(ms)
     assert "polar-bf16x3" not in gpu_model.step_model("124m", 300.0)  # α > 1e4: float32
