@@ -305,6 +305,22 @@ def test_a_capturable_step_compiles_whole_and_matches_eager(name):
     assert int(opt.num_skipped_steps) == 0
 
 
+@pytest.mark.parametrize("name", ["AdamW", "MARS"])
+def test_a_capturable_step_on_the_gpus_path_compiles_whole_and_matches_eager(name, monkeypatch):
+    # the GPU's multi-tensor finite check and foreach Adam (with its bias corrections from the
+    # device counts) trace whole too
+    from spectra.optim import adamw, chain
+
+    monkeypatch.setattr(chain, "PER_TENSOR_CHECK_DEVICES", ())
+    monkeypatch.setattr(adamw, "PER_TENSOR_DEVICES", ())
+    torch._dynamo.reset()
+    make = lambda ps: CAPTURABLE[name](ps, clip_c=0.5, capturable=True)  # noqa: E731
+    eager, _ = train(make)
+    compiled, opt = train(make, compile_backend="eager")
+    assert_params_close(eager, compiled, COMPILED_ATOL)
+    assert int(opt.num_skipped_steps) == 0
+
+
 def test_a_capturable_adamw_step_compiled_by_inductor_matches_eager():
     # float32 "polar": bf16 steps ("mixed", this CPU's default) round differently once fused
     torch._dynamo.reset()
