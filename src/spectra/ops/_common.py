@@ -182,7 +182,8 @@ def split_bf16_matmul(A: Tensor, B: Tensor) -> Tensor:
 
 def split_bf16_gram(X: Tensor) -> Tensor:
     """``X Xᵀ`` as :func:`split_bf16_matmul` forms it, ``X``'s split formed once (the split
-    of ``Xᵀ`` is the transpose of ``X``'s): the same products, four operations fewer."""
+    of ``Xᵀ`` is the transpose of ``X``'s): the same products, one split (three operations)
+    fewer."""
     a1, a2 = split_bf16(X)
     lhs, rhs = _split_operands((a1, a2), (a1.mT, a2.mT))
     return bf16_products_fp32(lhs, rhs)
