@@ -18,10 +18,8 @@ import time
 import torch
 
 import spectra.optim as so
-from spectra_lab.bench.live_bytes import gpu_path_host_ops
+from spectra_lab.bench.live_bytes import gpu_path_host_ops, write_model_report
 from spectra_lab.bench.optim import llama_shapes
-from spectra_lab.files import write_json_atomic
-from spectra_lab.machine import device_about
 
 ROWS = {
     "torch-adamw (foreach)": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
@@ -55,17 +53,14 @@ def main() -> None:
                      "most": dict(mode.names.most_common(12))})  # fmt: skip
         print(f"| {name} | {total} | {k['compute']} | {k['view']} | {k['read']} "
               f"| {time.perf_counter() - started:.0f} s |", flush=True)  # fmt: skip
-    report = {
-        "what": "aten operations dispatched by one optimizer step (the second), counted on the "
+    write_model_report(
+        args.out,
+        "aten operations dispatched by one optimizer step (the second), counted on the "
         "CPU along the CUDA code path (spectra_lab.bench.live_bytes.gpu_path_host_ops), 124M "
         "shapes, float32",
-        "parameters": sum(torch.Size(s).numel() for s in shapes),
-        "tensors": len(shapes),
-        "machine": device_about("cpu"),
-        "rows": rows,
-    }
-    write_json_atomic(args.out, report)
-    print(f"wrote {args.out}")
+        shapes,
+        rows,
+    )
 
 
 if __name__ == "__main__":

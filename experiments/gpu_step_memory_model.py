@@ -13,13 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
 import spectra.optim as so
-from spectra_lab.bench.live_bytes import gpu_path_peak
+from spectra_lab.bench.live_bytes import gpu_path_peak, write_model_report
 from spectra_lab.bench.optim import llama_shapes
-from spectra_lab.files import write_json_atomic
-from spectra_lab.machine import device_about
 
 ROWS = {
     "spectra-adamw (mixed, the CUDA default)": {"clip_method": "mixed"},
@@ -39,15 +35,13 @@ def main() -> None:
         ratio = gpu_path_peak(lambda ps, kw=kw: so.AdamW(ps, lr=1e-3, clip_c=10.0, **kw), shapes)
         rows.append({"row": name, "peak_vs_torch_adamw": round(ratio, 4)})
         print(f"| {name} | {ratio:.3f} | {time.perf_counter() - started:.0f} s |", flush=True)
-    report = {
-        "what": "the GPU step's peak over torch AdamW's (foreach), modelled on the CPU along "
+    write_model_report(
+        args.out,
+        "the GPU step's peak over torch AdamW's (foreach), modelled on the CPU along "
         "the CUDA code path (spectra_lab.bench.live_bytes), 124M shapes, float32",
-        "parameters": sum(torch.Size(s).numel() for s in shapes),
-        "machine": device_about("cpu"),
-        "rows": rows,
-    }
-    write_json_atomic(args.out, report)
-    print(f"wrote {args.out}")
+        shapes,
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def adam_direction(
     # U = (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m/(√v + ε√(1−β₂ᵗ)): the bias corrections as scalars.
     on_device = len(steps) > 0 and torch.is_tensor(steps[0])
     if on_device:
-        bc2_sqrt, factors = _device_bias_corrections(steps, beta1, beta2)
+        bc2_sqrt, bc1 = device_bias_corrections(steps, beta1, beta2)
+        factors = torch._foreach_div(bc2_sqrt, bc1)
     else:
         bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in steps]
         factors = [b / (1.0 - beta1**t) for b, t in zip(bc2_sqrt, steps, strict=True)]
@@ -78,12 +79,12 @@ def adam_direction(
     torch._foreach_mul_(out, factors)
 
 
-def _device_bias_corrections(
+def device_bias_corrections(
     steps: list[Tensor], beta1: float, beta2: float
 ) -> tuple[list[Tensor], list[Tensor]]:
-    """``√(1−β₂ᵗ)`` and ``√(1−β₂ᵗ)/(1−β₁ᵗ)`` of 0-d step counts on the device (a capturable
-    step), each with multi-tensor operations over all the counts: a handful of kernels where
-    tensor-by-tensor arithmetic launches six a parameter."""
+    """Adam's ``√(1−β₂ᵗ)`` and ``1−β₁ᵗ`` of 0-d step counts on the device (a capturable step),
+    each with multi-tensor operations over all the counts: a handful of kernels where
+    tensor-by-tensor arithmetic launches three a parameter for each."""
     bc2_sqrt = torch._foreach_pow(beta2, steps)
     torch._foreach_neg_(bc2_sqrt)
     torch._foreach_add_(bc2_sqrt, 1.0)
@@ -91,7 +92,7 @@ def _device_bias_corrections(
     bc1 = torch._foreach_pow(beta1, steps)
     torch._foreach_neg_(bc1)
     torch._foreach_add_(bc1, 1.0)
-    return bc2_sqrt, torch._foreach_div(bc2_sqrt, bc1)
+    return bc2_sqrt, bc1
 
 
 class AdamW(SpectraOptimizer):

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from spectra.optim.adamw import device_bias_corrections
 from spectra.optim.base import SpectraOptimizer
 from spectra.validate import check_int, check_number, check_pair
 
@@ -113,12 +114,16 @@ class AdEMAMix(SpectraOptimizer):
             torch._foreach_lerp_(slow, grads, [1.0 - b for b in beta3s])
         torch._foreach_mul_(sq, beta2)
         torch._foreach_addcmul_(sq, grads, grads, 1.0 - beta2)
+        if on_device:
+            bc2_sqrt, bc1 = device_bias_corrections(steps, beta1, beta2)
+        else:
+            bc2_sqrt = [math.sqrt(1.0 - beta2**t) for t in steps]
+            bc1 = [1.0 - beta1**t for t in steps]
         denom = torch._foreach_sqrt(sq)
-        sqrt = torch.sqrt if on_device else math.sqrt
-        torch._foreach_div_(denom, [sqrt(1.0 - beta2**t) for t in steps])
+        torch._foreach_div_(denom, bc2_sqrt)
         torch._foreach_add_(denom, group["eps"])
         torch._foreach_copy_(out, fast)
-        torch._foreach_div_(out, [1.0 - beta1**t for t in steps])
+        torch._foreach_div_(out, bc1)
         if on_device:
             torch._foreach_add_(out, torch._foreach_mul(slow, list(alphas)))
         else:

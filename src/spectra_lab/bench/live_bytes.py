@@ -174,3 +174,20 @@ def gpu_path_host_ops(
         with HostOps() as mode:
             opt.step()
     return mode
+
+
+def write_model_report(out: str, what: str, shapes: list[tuple[int, ...]], rows: list) -> None:
+    """Store the ``rows`` of a model of the GPU step run on the CPU (``what`` it measured, at
+    the parameter ``shapes``) at ``out``, with this machine's description, atomically."""
+    from spectra_lab.files import write_json_atomic
+    from spectra_lab.machine import device_about
+
+    report = {
+        "what": what,
+        "parameters": sum(torch.Size(s).numel() for s in shapes),
+        "tensors": len(shapes),
+        "machine": device_about("cpu"),
+        "rows": rows,
+    }
+    write_json_atomic(out, report)
+    print(f"wrote {out}")
