@@ -8,6 +8,12 @@ exceeded the kernels', so the count sets the step's time there. Torch AdamW (for
 reference. Prints a table and writes ``docs/data/gpu_step_host_ops.json``::
 
     python experiments/gpu_step_host_ops.py
+
+``--large``: eight layers of the 780M shapes, where CUDA's ``mixed`` takes split bf16 products
+(``spectra.ops.mixed.MIXED_SPLIT_FROM``), beside its float32 products (about seven minutes on
+two cores), into ``docs/data/gpu_step_host_ops_780m.json``::
+
+    python experiments/gpu_step_host_ops.py --large
 """
 
 from __future__ import annotations
@@ -36,14 +42,29 @@ ROWS = {
 }
 
 
+#: The rows at eight layers of the 780M shapes
+LARGE_ROWS = {
+    "torch-adamw (foreach)": ROWS["torch-adamw (foreach)"],
+    "spectra-adamw (mixed, the CUDA default: split bf16 products)": lambda ps: so.AdamW(
+        ps, lr=1e-3, clip_c=10.0, clip_method="mixed"
+    ),
+    "spectra-adamw-mixed-fp32 (float32 products)": lambda ps: so.AdamW(
+        ps, lr=1e-3, clip_c=10.0, clip_method="mixed", clip_ns_dtype=torch.float32
+    ),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/data/gpu_step_host_ops.json")
+    parser.add_argument("--out", help="the JSON written (default: under docs/data/)")
+    parser.add_argument("--large", action="store_true", help="eight layers of the 780M shapes")
     args = parser.parse_args()
-    shapes = llama_shapes()
+    out = args.out or f"docs/data/gpu_step_host_ops{'_780m' if args.large else ''}.json"
+    shapes = llama_shapes(8, 1280, 3584) if args.large else llama_shapes()
+    where = "eight layers of the 780M shapes" if args.large else "124M shapes"
     rows = []
     print("| row | operations | compute | views | reads | time |")
-    for name, make in ROWS.items():
+    for name, make in (LARGE_ROWS if args.large else ROWS).items():
         started = time.perf_counter()
         mode = gpu_path_host_ops(make, shapes)
         k = mode.kinds
@@ -54,10 +75,10 @@ def main() -> None:
         print(f"| {name} | {total} | {k['compute']} | {k['view']} | {k['read']} "
               f"| {time.perf_counter() - started:.0f} s |", flush=True)  # fmt: skip
     write_model_report(
-        args.out,
+        out,
         "aten operations dispatched by one optimizer step (the second), counted on the "
-        "CPU along the CUDA code path (spectra_lab.bench.live_bytes.gpu_path_host_ops), 124M "
-        "shapes, float32",
+        "CPU along the CUDA code path (spectra_lab.bench.live_bytes.gpu_path_host_ops), "
+        f"{where}, float32",
         shapes,
         rows,
     )

@@ -6,6 +6,13 @@ the tensors alive at its peak (:mod:`spectra_lab.bench.live_bytes`), beside torc
 ``docs/data/gpu_step_memory_model.json``::
 
     python experiments/gpu_step_memory_model.py
+
+``--large``: eight layers of the 780M shapes (width 1280, SwiGLU 3584, its vocabulary), where
+CUDA's ``mixed`` takes split bf16 products (``spectra.ops.mixed.MIXED_SPLIT_FROM``), beside
+its float32 products (about five minutes on two cores), into
+``docs/data/gpu_step_memory_model_780m.json``::
+
+    python experiments/gpu_step_memory_model.py --large
 """
 
 from __future__ import annotations
@@ -24,21 +31,34 @@ ROWS = {
 }
 
 
+#: The rows at eight layers of the 780M shapes
+LARGE_ROWS = {
+    "spectra-adamw (mixed, the CUDA default: split bf16 products)": {"clip_method": "mixed"},
+    "spectra-adamw-mixed-fp32 (float32 products)": {
+        "clip_method": "mixed",
+        "clip_ns_dtype": "float32",
+    },
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/data/gpu_step_memory_model.json")
+    parser.add_argument("--out", help="the JSON written (default: under docs/data/)")
+    parser.add_argument("--large", action="store_true", help="eight layers of the 780M shapes")
     args = parser.parse_args()
-    shapes = llama_shapes()
+    out = args.out or f"docs/data/gpu_step_memory_model{'_780m' if args.large else ''}.json"
+    shapes = llama_shapes(8, 1280, 3584) if args.large else llama_shapes()
+    where = "eight layers of the 780M shapes" if args.large else "124M shapes"
     rows = []
-    for name, kw in ROWS.items():
+    for name, kw in (LARGE_ROWS if args.large else ROWS).items():
         started = time.perf_counter()
         ratio = gpu_path_peak(lambda ps, kw=kw: so.AdamW(ps, lr=1e-3, clip_c=10.0, **kw), shapes)
         rows.append({"row": name, "peak_vs_torch_adamw": round(ratio, 4)})
         print(f"| {name} | {ratio:.3f} | {time.perf_counter() - started:.0f} s |", flush=True)
     write_model_report(
-        args.out,
+        out,
         "the GPU step's peak over torch AdamW's (foreach), modelled on the CPU along "
-        "the CUDA code path (spectra_lab.bench.live_bytes), 124M shapes, float32",
+        f"the CUDA code path (spectra_lab.bench.live_bytes), {where}, float32",
         shapes,
         rows,
     )

@@ -148,7 +148,9 @@ COMMANDS: dict[str, str] = {
         "epyc-", "docs/data/main_job_step_ratio_avx2_epyc.json"
     ),
     "gpu_step_memory_model": "python experiments/gpu_step_memory_model.py",
+    "gpu_step_memory_model_780m": "python experiments/gpu_step_memory_model.py --large",
     "gpu_step_host_ops": "python experiments/gpu_step_host_ops.py",
+    "gpu_step_host_ops_780m": "python experiments/gpu_step_host_ops.py --large",
 }
 
 #: The reports of a CPU that has no bf16 units itself (not the path taken on purpose): only such
@@ -159,7 +161,8 @@ OWN_CPU_WITHOUT_BF16 = ("main_job_clip_step_avx2_epyc", "main_job_clip_step_sign
 
 #: The reports that model a GPU step on the CPU (its code path, bf16 products included, whatever
 #: the CPU has): any CPU measures them alike.
-ANY_CPU = ("gpu_step_memory_model", "gpu_step_host_ops")
+ANY_CPU = ("gpu_step_memory_model", "gpu_step_memory_model_780m", "gpu_step_host_ops",
+           "gpu_step_host_ops_780m")  # fmt: skip
 
 
 def why(name: str, stale: dict[str, str]) -> str | None:

@@ -109,6 +109,21 @@ def test_operator_on_cuda_matches_the_float64_svd(name, shape, dtype, gpu):
     assert rel_error(Y, svd_map(X, phi)) <= (bound if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mixed_on_cuda_takes_split_bf16_products_for_large_matrices(dtype, gpu):
+    """At a smaller side of MIXED_SPLIT_FROM or more the default ``mixed`` call is the
+    bf16-first one, within 1e-2 of the float64 SVD; below it, the float32 one."""
+    from spectra.ops.mixed import MIXED_SPLIT_FROM
+
+    X = spread_matrix((MIXED_SPLIT_FROM, MIXED_SPLIT_FROM + 256), top=30.0).to(dtype)
+    Y = soft_clip(X.to(gpu), C, method="mixed")
+    assert torch.equal(Y, soft_clip(X.to(gpu), C, method="mixed", ns_dtype=torch.bfloat16))
+    assert rel_error(Y, svd_map(X, SOFT)) <= 1e-2
+    small = X[: MIXED_SPLIT_FROM - 1].to(gpu)
+    plain = soft_clip(small, C, method="mixed", ns_dtype=torch.float32)
+    assert torch.equal(soft_clip(small, C, method="mixed"), plain)
+
+
 #: method -> (steps, σ/‖X‖_F kept, band of the kept singular values): orthogonalize's docstring
 BANDS = {"polar_express": (6, 1e-3, (0.9986, 1.0014)), "muon": (5, 1e-2, (0.68, 1.14))}
 

@@ -45,6 +45,26 @@ def test_torch_adamw_foreach_holds_one_temporary_of_the_parameters():
     assert 4 * params <= peak <= 2 * 4 * params
 
 
+def test_split_products_on_the_gpu_code_path_allocate_their_float32_result_alone():
+    """Along the CUDA code path a split product's bf16 operands meet in one product with a
+    float32 result (``out_dtype``, as on CUDA), the float32 copies of the CPU's emulation
+    hidden; the CUDA rule of ``mixed`` (split products for large matrices) holds there."""
+    from spectra.ops import _common, mixed
+    from spectra_lab.bench.live_bytes import gpu_code_path
+
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(3, 500, 700, generator=g), torch.randn(3, 700, 400, generator=g)
+    a, b = A.bfloat16(), B.bfloat16()
+    with gpu_code_path():
+        assert mixed.SPLIT_DEVICES == ("cuda", "cpu")
+        with LiveBytes() as mode:
+            out = _common.bf16_products_fp32(a, b)
+    assert out.dtype == torch.float32 and mode.peak == out.numel() * 4
+    assert torch.equal(out, a.float() @ b.float())
+    assert mixed.SPLIT_DEVICES == ("cuda",)
+    assert _common.bf16_products_fp32 is not _common._float32_output_products
+
+
 @pytest.mark.parametrize("capturable", [False, True])
 def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(capturable, monkeypatch):
     # the matrices of a small Llama: the fractions' floors hold here, so the ratio is above the

@@ -302,20 +302,62 @@ def test_split_bf16_products_are_about_1e5_accurate():
     ).max()
 
 
-def test_a_split_gram_matrix_and_square_are_the_split_products_of_their_operands():
-    """``split_bf16_gram(X)`` and ``split_bf16_matmul(G, G)`` split each operand once; the
-    result is the one two splits give, bit for bit."""
+def test_a_split_gram_matrix_is_two_products_exactly_symmetric_and_as_accurate_as_three(
+    monkeypatch,
+):
+    """``split_bf16_gram(X)`` is ``C + Cᵀ`` with ``C = [X₁ X₂]·[X₁/2 X₁]ᵀ``: the three terms of
+    the split product from one product over twice the inner dimension (not three times), exactly
+    symmetric, and as close to the float64 ``XXᵀ`` as :func:`split_bf16_matmul` (about 2⁻¹⁸ of
+    ``|X||X|ᵀ``); the same for the square of a symmetric matrix (``G² = GGᵀ``)."""
+    from spectra.ops import _common
     from spectra.ops._common import split_bf16, split_bf16_gram, split_bf16_matmul
 
+    monkeypatch.setattr(_common, "SPLIT_BLOCKS", 1000)  # one block (blocks: the test below)
     g = torch.Generator().manual_seed(4)
-    X = torch.randn(3, 24, 70, generator=g) * torch.logspace(-2, 2, 70)
-    twice = split_bf16_matmul(X, X.mT.clone())  # a copy: split on its own
-    assert torch.equal(split_bf16_gram(X), twice)
-    G = twice
-    a1, a2 = split_bf16(G)
-    b1, b2 = split_bf16(G.clone())
-    reference = torch.cat([a1, a1, a2], -1).float() @ torch.cat([b1, b2, b1], -2).float()
-    assert torch.equal(split_bf16_matmul(G, G), reference)
+    X = torch.randn(3, 24, 44, generator=g) * torch.logspace(-2, 2, 44)
+    G = split_bf16_gram(X)
+    a1, a2 = split_bf16(X)
+    C = (
+        torch.cat([a1, a2], -1).float()
+        @ torch.cat([a1, a1], -1)
+        .float()
+        .mul(torch.cat([torch.full((44,), 0.5), torch.ones(44)]))
+        .mT
+    )
+    assert torch.equal(G, C + C.mT) and torch.equal(G, G.mT)
+    for A, square in ((X, G), (G, split_bf16_gram(G))):
+        exact = A.double() @ A.double().mT
+        scale = A.double().abs() @ A.double().abs().mT
+        three = split_bf16_matmul(A, A.mT.clone())  # a copy: split on its own
+        err = ((square.double() - exact).abs() / scale).max()
+        assert err <= 6 * 2.0**-18
+        assert err <= 1.2 * ((three.double() - exact).abs() / scale).max()
+
+
+def test_split_products_of_long_matrices_run_in_blocks_as_accurate_as_whole(monkeypatch):
+    """Past ``SPLIT_BLOCKS`` times the short side, the split Gram matrix sums that many blocks of
+    X's columns and the split product fills blocks of B's columns (or A's rows): the same numbers
+    as unblocked up to float32 summation order, exactly symmetric, within the split bound."""
+    from spectra.ops import _common
+    from spectra.ops._common import split_bf16_gram, split_bf16_matmul
+
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(2, 20, 130, generator=g) * torch.logspace(-1, 1, 130)
+    K = torch.randn(2, 20, 20, generator=g)
+    assert _common.SPLIT_BLOCKS == 4
+    assert _common._long_blocks(130, 20) == [slice(0, 33), slice(33, 66), slice(66, 99),
+                                             slice(99, 130)]  # fmt: skip
+    assert _common._long_blocks(80, 20) == [slice(0, 80)]
+    blocked = [split_bf16_gram(X), split_bf16_matmul(K, X), split_bf16_matmul(X.mT, K.mT)]
+    monkeypatch.setattr(_common, "SPLIT_BLOCKS", 1000)
+    whole = [split_bf16_gram(X), split_bf16_matmul(K, X), split_bf16_matmul(X.mT, K.mT)]
+    assert torch.equal(blocked[0], blocked[0].mT)
+    for (A, B), got, ref in zip([(X, X.mT), (K, X), (X.mT, K.mT)], blocked, whole, strict=True):
+        exact = A.double() @ B.double()
+        scale = A.double().abs() @ B.double().abs()
+        assert got.shape == ref.shape and got.dtype == torch.float32
+        assert ((got.double() - exact).abs() / scale).max() <= 6 * 2.0**-18
+        assert ((got.double() - ref.double()).abs() / scale).max() <= 2.0**-20
 
 
 def test_cuda_bf16_products_use_the_float32_output_overloads():

@@ -250,15 +250,18 @@ def test_gpu_model_counts_the_flops_and_launches_of_both_methods(capsys):
     assert rows["polar-fp32"]["launches"] == len(set(mats)) * per_polar
     ms = paper / (0.5 * 989e12) * 1e3 + per_paper * len(mats) * 10e-3
     assert rows["paper-bf16"]["ms"] == pytest.approx(ms)
-    # split bf16: three bf16 products per product; each of the 4K - 1 products (Gram, G²,
-    # 4K - 4 in the iteration, the final one) adds two 3-kernel splits and two concatenations,
-    # but a square (the Gram matrix, G² and each later step's E²: K + 1) splits its one
-    # operand once, three kernels fewer
+    # split bf16: three bf16 products per product, two for the Gram matrix and G²; each of the
+    # 4K - 1 products (Gram, G², 4K - 4 in the iteration, the final one) writes each operand's
+    # parts into its concatenation (a copy, a subtraction rounding into place and a copy of the
+    # repeated part: six kernels a product), but the Gram matrix and G² write [X₁ X₂] and
+    # [X₁/2 X₁] (two kernels each) and add C + Cᵀ: five
     split = rows["polar-bf16x3"]
-    assert split["gflop"] == pytest.approx(3 * polar / 1e9)
-    products, squares = 4 * k - 1, k + 1
-    assert split["launches"] == len(set(mats)) * (per_polar + 8 * products - 3 * squares)
-    ms = 3 * polar / (0.5 * 989e12) * 1e3 + split["launches"] * 10e-3
+    split_flops = 3 * polar - sum(2 * m * m * n + 2 * m**3 for m, n in mats)
+    assert split["gflop"] == pytest.approx(split_flops / 1e9)
+    products = 4 * k - 1
+    extra = 6 * (products - 2) + 5 * 2
+    assert split["launches"] == len(set(mats)) * (per_polar + extra)
+    ms = split_flops / (0.5 * 989e12) * 1e3 + split["launches"] * 10e-3
     assert split["ms"] == pytest.approx(ms)
     assert "polar-bf16x3" not in gpu_model.step_model("124m", 300.0)  # α > 1e4: float32
     assert main(["bench", "gpu-model", "--sigma-over-c", "10"]) == 0

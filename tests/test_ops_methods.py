@@ -196,3 +196,41 @@ def test_cuda_takes_mixed_for_float32_and_bf16_and_polar_for_float64():
         assert methods.default_method("soft_clip", cuda, dtype, capturable=True) == "mixed"
     assert methods.default_method("soft_clip", cuda, torch.float64) == "polar"
     assert methods.default_method("hard_clip", cuda, torch.float32) == "eigh"
+
+
+def test_mixed_takes_split_bf16_products_on_cuda_for_large_matrices_only(monkeypatch):
+    """``mixed``'s exact part runs on split bf16 products by default on CUDA where the smaller
+    side is at least MIXED_SPLIT_FROM, in float32 below it, and as asked whenever ns_dtype is
+    given. The CPU takes the CUDA rule here (SPLIT_DEVICES) at a smaller threshold: the default
+    call then equals the bf16-first one bit for bit, and both stay at mixed's accuracy against
+    the float64 SVD."""
+    from spectra.ops import mixed
+    from spectra.ops.base import Options
+
+    assert mixed.SPLIT_DEVICES == ("cuda",) and mixed.MIXED_SPLIT_FROM == 1024
+    big, small = torch.empty(2, 1024, 1500, device="meta"), torch.empty(1500, 1000, device="meta")
+    assert mixed.exact_precision(Options(), big) is None  # a meta tensor: not CUDA
+    monkeypatch.setattr(mixed, "SPLIT_DEVICES", ("cuda", "meta"))
+    assert mixed.exact_precision(Options(), big) == torch.bfloat16
+    assert mixed.exact_precision(Options(), big.mT) == torch.bfloat16
+    assert mixed.exact_precision(Options(), small) is None
+    assert mixed.exact_precision(Options(ns_dtype=torch.float32), big) == torch.float32
+    assert mixed.exact_precision(Options(capturable=True), big) is None
+
+    g = torch.Generator().manual_seed(7)
+    c = 1.0
+    X = torch.randn(3, 48, 80, generator=g) * torch.logspace(0, 1.5, 48)[:, None] / 10
+    X[0, 0] *= 20.0  # σ_max/c from about 5 to 40: α ≤ 1e4, where split products run
+    below = soft_clip(X, c, method="mixed")
+    monkeypatch.setattr(mixed, "SPLIT_DEVICES", ("cpu",))
+    monkeypatch.setattr(mixed, "MIXED_SPLIT_FROM", 48)
+    default = soft_clip(X, c, method="mixed")
+    assert torch.equal(default, soft_clip(X, c, method="mixed", ns_dtype=torch.bfloat16))
+    assert not torch.equal(default, below)
+    assert torch.equal(
+        soft_clip(X[:, :40, :40], c, method="mixed"),
+        soft_clip(X[:, :40, :40], c, method="mixed", ns_dtype=torch.float32),
+    )
+    ref = svd_soft(X, c)
+    assert rel_err(default, ref) < 1e-2
+    assert rel_err(below, ref) < 1e-2

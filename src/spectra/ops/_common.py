@@ -152,6 +152,8 @@ def _float32_output_products(A: Tensor, B: Tensor) -> Tensor:
     it on meta tensors), any batch dimensions flattened into one ``bmm``."""
     if A.dim() == 2 and B.dim() == 2:
         return torch.mm(A, B, out_dtype=torch.float32)
+    if A.dim() == 3 and B.dim() == 3 and A.shape[0] == B.shape[0]:
+        return torch.bmm(A, B, out_dtype=torch.float32)  # no views on the host
     batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
     A3 = A.expand(*batch, *A.shape[-2:]).reshape(-1, *A.shape[-2:])
     B3 = B.expand(*batch, *B.shape[-2:]).reshape(-1, *B.shape[-2:])
@@ -166,35 +168,91 @@ def split_bf16(A: Tensor) -> tuple[Tensor, Tensor]:
     return hi, (A - hi).to(torch.bfloat16)  # hi is promoted to A's dtype, exactly
 
 
+#: Split products of a matrix more than this many times longer than wide (an embedding) run
+#: through this many blocks of its long side, so that the bf16 operands (three halves of the
+#: float32 bytes of what they split) and each block's float32 result take a fraction of the
+#: matrix. Along the CUDA code path (spectra_lab.bench.live_bytes) a mixed clip by split
+#: products of one 1280 × 12576 matrix peaked at 2.96 times its float32 bytes unblocked and 2.08
+#: in four blocks (the float32 products: 1.31). Each block costs a few launches, which bound a
+#: GPU step of small matrices.
+SPLIT_BLOCKS = 4
+
+
+def _long_blocks(long: int, short: int) -> list[slice]:
+    """``range(long)`` in :data:`SPLIT_BLOCKS` consecutive slices where ``long`` exceeds
+    ``SPLIT_BLOCKS·short``, whole otherwise."""
+    if long <= SPLIT_BLOCKS * short:
+        return [slice(0, long)]
+    width = -(-long // SPLIT_BLOCKS)
+    return [slice(j, min(long, j + width)) for j in range(0, long, width)]
+
+
 def split_bf16_matmul(A: Tensor, B: Tensor) -> Tensor:
     r"""``A @ B`` for float32 matrices from bf16 tensor-core products: ``A₁B₁ + A₁B₂ + A₂B₁``.
 
     With the splits of :func:`split_bf16` the dropped terms (``A₂B₂`` and the remainders) are
     about ``3·2⁻¹⁸ ≈ 1.1e-5`` of ``|A||B|`` entrywise: much closer to float32 (``6e-8``) than a
     plain bf16 product (``4e-3``), at three bf16 products' cost. The three products run as one,
-    over the concatenated inner dimension ``[A₁ A₁ A₂] @ [B₁; B₂; B₁]``. This is the
+    over the concatenated inner dimension ``[A₁ A₁ A₂] @ [B₁; B₂; B₁]``, in blocks of B's columns
+    or A's rows where they exceed ``SPLIT_BLOCKS`` times the inner dimension. This is the
     split-precision idea of Ootomo and Yokota, "Recovering single precision accuracy from Tensor
     Cores while surpassing the FP32 theoretical peak performance" (2022), with bf16 parts.
     """
-    lhs, rhs = _split_operands(split_bf16(A), split_bf16(B) if B is not A else None)
-    return bf16_products_fp32(lhs, rhs)
+    rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
+    if max(rows, cols) <= SPLIT_BLOCKS * inner:
+        return bf16_products_fp32(_split_concat(A, -1, (1, 1, 2)), _split_concat(B, -2, (1, 2, 1)))
+    batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    out = torch.empty(*batch, rows, cols, dtype=torch.float32, device=A.device)
+    if cols >= rows:  # B's column blocks against the whole of A, split once
+        lhs = _split_concat(A, -1, (1, 1, 2))
+        for s in _long_blocks(cols, inner):
+            out[..., s].copy_(bf16_products_fp32(lhs, _split_concat(B[..., s], -2, (1, 2, 1))))
+    else:  # A's row blocks against the whole of B
+        rhs = _split_concat(B, -2, (1, 2, 1))
+        for s in _long_blocks(rows, inner):
+            lhs = _split_concat(A[..., s, :], -1, (1, 1, 2))
+            out[..., s, :].copy_(bf16_products_fp32(lhs, rhs))
+    return out
 
 
 def split_bf16_gram(X: Tensor) -> Tensor:
-    """``X Xᵀ`` as :func:`split_bf16_matmul` forms it, ``X``'s split formed once (the split
-    of ``Xᵀ`` is the transpose of ``X``'s): the same products, one split (three operations)
-    fewer."""
-    a1, a2 = split_bf16(X)
-    lhs, rhs = _split_operands((a1, a2), (a1.mT, a2.mT))
-    return bf16_products_fp32(lhs, rhs)
+    r"""``X Xᵀ`` from bf16 tensor-core products with float32 sums, as accurate as
+    :func:`split_bf16_matmul` at two thirds of its flops.
+
+    With the split ``X ≈ X₁ + X₂`` of :func:`split_bf16`, the three terms
+    ``X₁X₁ᵀ + X₁X₂ᵀ + X₂X₁ᵀ`` are ``C + Cᵀ`` for ``C = X₁X₁ᵀ/2 + X₂X₁ᵀ``, one product over the
+    concatenated inner dimension ``[X₁ X₂] @ [X₁/2 X₁]ᵀ`` (halving a bf16 number is exact),
+    summed over blocks of X's columns where they exceed ``SPLIT_BLOCKS`` times its rows. The
+    result is exactly symmetric, so the square of a symmetric matrix S (``S² = SSᵀ``) is formed
+    the same way."""
+    C = None
+    for s in _long_blocks(X.shape[-1], X.shape[-2]):
+        lhs = _split_concat(X[..., s], -1, (1, 2))  # [X₁ X₂]
+        hi, rhs = lhs[..., : s.stop - s.start], torch.empty_like(lhs)
+        torch.mul(hi, 0.5, out=rhs[..., : hi.shape[-1]])
+        rhs[..., hi.shape[-1] :].copy_(hi)  # [X₁/2 X₁]
+        block = bf16_products_fp32(lhs, rhs.mT)
+        del lhs, hi, rhs  # before the next block's
+        C = block if C is None else C.add_(block)
+    return C + C.mT
 
 
-def _split_operands(
-    a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor] | None
-) -> tuple[Tensor, Tensor]:
-    """``[A₁ A₁ A₂]`` and ``[B₁; B₂; B₁]`` from the splits of A and B (``None``: B is A)."""
-    (a1, a2), (b1, b2) = a, (a if b is None else b)
-    return torch.cat([a1, a1, a2], dim=-1), torch.cat([b1, b2, b1], dim=-2)
+def _split_concat(A: Tensor, dim: int, order: tuple[int, ...]) -> Tensor:
+    """The bf16 parts of :func:`split_bf16` concatenated along ``dim`` in ``order`` (1: ``A₁``,
+    2: ``A₂``; ``(1, 1, 2)`` is ``[A₁ A₁ A₂]``), written into the concatenation itself: no
+    separate parts and no float32 temporary (``A − A₁`` rounds once, into its place)."""
+    width = A.shape[dim]
+    shape = list(A.shape)
+    shape[dim] = width * len(order)
+    out = torch.empty(shape, dtype=torch.bfloat16, device=A.device)
+    places = out.split(width, dim=dim)
+    hi = places[order.index(1)]
+    hi.copy_(A)
+    torch.sub(A, hi, out=places[order.index(2)])
+    for place, part in zip(places, order, strict=True):
+        if part == 1 and place is not hi:
+            place.copy_(hi)
+    return out
 
 
 @contextlib.contextmanager

@@ -255,11 +255,13 @@ def _read_wave(wave: list, finite: Tensor | None, grad: bool) -> bool:
     values = torch.cat(requests).tolist() if requests else []
     if finite is not None and not values.pop(0):
         return False
-    for (op, batch), p in zip(wave, pending, strict=True):
+    for i, (op, batch) in enumerate(wave):
+        p, pending[i] = pending[i], None  # its state goes with its batch, not with the wave
         k = p.request.numel()
         with torch.set_grad_enabled(grad):
             out = op.end(_stack(batch), p, values[:k])
         values = values[k:]
+        del p
         torch._foreach_copy_(batch, list(out.unbind(0)))
         del out  # before the next batch's: two outputs of the largest matrices were the peak
     return True

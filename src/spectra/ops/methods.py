@@ -42,12 +42,14 @@ def default_method(
     ``soft_clip``: for float32 and bf16 input ``"mixed"`` on CUDA and on a CPU with bf16
     units (AMX, AVX-512 BF16), the fastest there at the bf16 floor of error (4-8e-3; on CUDA
     its optimizer step is faster and leaner than ``"polar"``'s in the stored H100 and H200
-    runs, docs/gpu.md); ``"chebyshev"`` on a CPU without bf16 units, where the main job's step
-    took 1.043× its AdamW twin against 1.074× with ``"eigh"`` and 1.049× with ``"mixed"`` (the
-    libraries held to AVX2, docs/operators.md) at an error of 1e-3 or less; float64 input on
-    CUDA takes ``"polar"``, on a CPU ``"eigh"`` (float64 input keeps an accurate method,
-    docs/operators.md). ``hard_clip``: ``"eigh"`` (min(σ, c) has a kink at c, which polynomial
-    iterations resolve only slowly). ``orthogonalize``: ``"svd"``.
+    runs, docs/gpu.md; there it forms its float32 products from split bf16 ones for matrices
+    of smaller side 1024 or more, :func:`spectra.ops.mixed.exact_precision`); ``"chebyshev"``
+    on a CPU without bf16 units, where the main job's step took 1.043× its AdamW twin against
+    1.074× with ``"eigh"`` and 1.049× with ``"mixed"`` (the libraries held to AVX2,
+    docs/operators.md) at an error of 1e-3 or less; float64 input on CUDA takes ``"polar"``,
+    on a CPU ``"eigh"`` (float64 input keeps an accurate method, docs/operators.md).
+    ``hard_clip``: ``"eigh"`` (min(σ, c) has a kink at c, which polynomial iterations resolve
+    only slowly). ``orthogonalize``: ``"svd"``.
 
     ``capturable`` (no host read): the soft clip takes ``"polar"`` where it would take
     ``"eigh"`` or ``"chebyshev"``, and ``orthogonalize`` takes ``"polar_express"``;

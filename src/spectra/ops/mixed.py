@@ -56,6 +56,33 @@ MIXED_BF16_FROM = 0.5
 MIXED_MAX_BF16_STEPS = 2
 
 
+# On CUDA the exact part (the Gram matrix, G², the exact steps, the last product) runs on split
+# bf16 products by default (dtype=None) for matrices whose smaller side is at least this, and in
+# float32 below it. In the H200 run of docs/gpu.md (commit dab824e, bench optim) the split
+# products made the step faster at the 780M shapes (smaller sides 1280) and slower at the 124M
+# ones (768), where a step is bound by its launches more than by its products.
+MIXED_SPLIT_FROM = 1024
+
+#: The devices on which :data:`MIXED_SPLIT_FROM` applies. CPUs are left out, even those with
+#: bf16 units: there a bf16 product runs about twice as fast as a float32 one, not the 15× of
+#: a GPU's tensor cores, which does not pay for a split's two or three products.
+SPLIT_DEVICES: tuple[str, ...] = ("cuda",)
+
+
+def exact_precision(options: Options, X: Tensor) -> torch.dtype | None:
+    """The precision asked of the exact part of a call on X: ``options.ns_dtype`` when set;
+    otherwise split bf16 products (``torch.bfloat16``) on a device of :data:`SPLIT_DEVICES`
+    when X's matrices are at least :data:`MIXED_SPLIT_FROM` on their smaller side, and
+    ``None`` (float32, or float64 where :func:`soft_clip_polar` would take it) elsewhere. A
+    capturable call keeps ``None``: it cannot read whether α allows split products."""
+    if options.ns_dtype is not None:
+        return options.ns_dtype
+    large = X.dim() >= 2 and min(X.shape[-2:]) >= MIXED_SPLIT_FROM
+    if large and X.device.type in SPLIT_DEVICES and not options.capturable:
+        return torch.bfloat16
+    return None
+
+
 def soft_clip_mixed(
     X: Tensor, c: float, *, tol: float = POLAR_TOL, dtype: torch.dtype | None = None
 ) -> Tensor:
@@ -88,12 +115,15 @@ def soft_clip_mixed(
     float32; ``(4r − 3)·2m³`` in bf16. The paper's Algorithm 1 (``N_s = 10``) takes ``4m²n + 60m³``
     in bf16. One host synchronisation per call, as in :func:`soft_clip_polar`.
 
-    ``dtype=torch.bfloat16`` (bf16 first): while ``α ≤ 1e4`` the float32 products (the Gram
-    matrix, ``G²``, the exact steps and the last product) are each three bf16 products with
-    float32 sums (:func:`spectra.ops._common.split_bf16_matmul`, about 1e-5 relative error
-    each), as ``"polar"`` does with the same ``dtype``; so every product runs on bf16 units.
-    Beyond that bound it works as by default. ``dtype=torch.float32``/``float64`` fixes the
-    precision of the exact part.
+    ``dtype=torch.bfloat16`` (bf16 first): while ``α ≤ 1e4`` the float32 products (the exact
+    steps and the last product) are each three bf16 products with float32 sums
+    (:func:`spectra.ops._common.split_bf16_matmul`, about 1e-5 relative error each), and the
+    Gram matrix and ``G²`` two (:func:`spectra.ops._common.split_bf16_gram`), as ``"polar"``
+    does with the same ``dtype``; so every product runs on bf16 units. Beyond that bound it
+    works as by default, its Gram matrix formed again in float32. ``dtype=None`` takes this
+    route on CUDA for matrices at least ``MIXED_SPLIT_FROM`` (1024) on their smaller side
+    (:func:`exact_precision`), and float32 otherwise; ``dtype=torch.float32``/``float64``
+    fixes the precision of the exact part.
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
@@ -251,7 +281,7 @@ def _check(options: Options) -> None:
 
 
 def _operator():
-    op = TwoPhase(lambda o: o.ns_dtype, _finish, float32_last=True).operator(_gram_factor)
+    op = TwoPhase(exact_precision, _finish, float32_last=True).operator(_gram_factor)
     return dataclasses.replace(op, check=_check)
 
 

@@ -121,20 +121,22 @@ def scaled_x(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
 
 def _grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
-    :func:`gram_square_and_bound`."""
-    mm = split_bf16_matmul if split else matmul
+    :func:`gram_square_and_bound`; with ``split``, G and G² (``= GGᵀ``: split G is exactly
+    symmetric) by :func:`~spectra.ops._common.split_bf16_gram`."""
     G = split_bf16_gram(Xh) if split else matmul(Xh, Xh.mT)
     if x_inv is not None:
         G.mul_((x_inv * x_inv).to(G.dtype))
-    return gram_square_and_bound(G, mm)
+    return gram_square_and_bound(G, split_bf16_gram if split else None)
 
 
-def gram_square_and_bound(G: Tensor, mm=matmul) -> tuple[Tensor, Tensor, Tensor]:
+def gram_square_and_bound(
+    G: Tensor, square: Callable[[Tensor], Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(G, G², s²_max)`` with ``s²_max = min(max_i Σ_j |G_ij|, ‖G²‖_F^{1/2}) ≥ λ_max``
     (float64; ``‖G²‖_F^{1/2} ≤ ‖G‖_F``, so the Frobenius norm of G would not tighten it). The
     norms are taken in G's precision: rounding can put the bound ~1e-7 below λ_max, which the
-    quintics' cushion above 1 absorbs."""
-    G2 = mm(G, G)
+    quintics' cushion above 1 absorbs. ``square``: how G² is formed (default ``G @ G``)."""
+    G2 = matmul(G, G) if square is None else square(G)
     # max_i Σ_j |G_ij| (matrix_norm(ord=inf) gives the same, six times slower on the CPU)
     gersh = G.abs().sum(-1).amax(-1)
     fro2 = torch.linalg.matrix_norm(G2, ord="fro").sqrt()
@@ -362,17 +364,17 @@ class TwoPhase:
     """A Gram-side soft clip in two halves around its host read: the Gram matrix and the α
     bound on the device (:meth:`begin`), then the plan and the iteration (:meth:`end`).
 
-    ``gram_dtype(options)`` is the precision asked of the Gram matrix (``None``: chosen from
-    α); ``finish(X, c, plan)`` returns ``H_c(X)`` in X's layout and dtype; with
+    ``gram_dtype(options, X)`` is the precision asked of the Gram matrix of X (``None``:
+    chosen from α); ``finish(X, c, plan)`` returns ``H_c(X)`` in X's layout and dtype; with
     ``float32_last`` the plan keeps X itself in float32 for a last product in float32.
     """
 
-    gram_dtype: Callable[[Options], torch.dtype | None]
+    gram_dtype: Callable[[Options, Tensor], torch.dtype | None]
     finish: Callable[[Tensor, float, Plan], Tensor]
     float32_last: bool = False
 
     def begin(self, X: Tensor, c: float, options: Options) -> tuple[Tensor, GramState]:
-        g = gram_state(wide_view(X)[0], c, self.gram_dtype(options))
+        g = gram_state(wide_view(X)[0], c, self.gram_dtype(options, X))
         return g.request, g
 
     def end(
@@ -384,7 +386,7 @@ class TwoPhase:
         self, X: Tensor, c: float, options: Options, g: GramState, values: Sequence[float]
     ) -> tuple[Tensor, GramState]:
         Xw = wide_view(X)[0]
-        dtype = self.gram_dtype(options)
+        dtype = self.gram_dtype(options, X)
         g, values = regram(Xw, c, g, values, dtype)
         plan = decide(Xw, g, values, options.tol, dtype, float32_last=self.float32_last)
         return self.finish(X, c, plan), g
@@ -404,9 +406,9 @@ class TwoPhase:
         schedule for an interval ``[ℓ, 1]`` also brings every narrower interval within
         ``tol``, so a smaller α loses nothing but the extra steps. Non-finite input gives a
         non-finite result. The Gram matrix is formed from ``X/scale`` (no range check)."""
-        Xw = wide_view(X)[0]
-        g = gram_state(Xw, c, self.gram_dtype(options), direct=False)
-        plan = decide(Xw, g, None, options.tol, self.gram_dtype(options), self.float32_last)
+        Xw, dtype = wide_view(X)[0], self.gram_dtype(options, X)
+        g = gram_state(Xw, c, dtype, direct=False)
+        plan = decide(Xw, g, None, options.tol, dtype, self.float32_last)
         return self.finish(X, c, plan)
 
     def with_norm(self, X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:
@@ -432,5 +434,5 @@ def _finish(X: Tensor, c: float, plan: Plan) -> Tensor:
 #: which "polar" approximates to its tol.
 METHOD = ClipMethod(
     "polar",
-    soft_clip=TwoPhase(lambda o: o.ns_dtype, _finish).operator(exact_gram_factor(soft_weight)),
+    soft_clip=TwoPhase(lambda o, X: o.ns_dtype, _finish).operator(exact_gram_factor(soft_weight)),
 )

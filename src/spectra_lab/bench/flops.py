@@ -21,7 +21,9 @@ def matmul_flops(
     ``paper``: Gram + final product (``2m²n`` each) and 3 products of ``m × m`` per step, 10
     steps. ``polar``: the same two ``m²n`` products, ``G²`` and ``4K − 4`` products for ``K ≥ 1``
     steps (plus the float32 Gram matrix and ``G²`` recomputed in float64 when ``α > 1e5``).
-    ``orth``: ``K`` steps of ``XXᵀ``, ``A²`` and ``BX``.
+    ``orth``: ``K`` steps of ``XXᵀ``, ``A²`` and ``BX``. ``polar-split``: ``polar``'s
+    products as split bf16 ones, counted in bf16 products: three for each, two for the Gram
+    matrix and ``G²`` (:func:`spectra.ops._common.split_bf16_gram`).
     """
     *batch, m, n = shape
     m, n = min(m, n), max(m, n)
@@ -33,6 +35,8 @@ def matmul_flops(
         total = 2 * mn + mm * (1 + max(0, 4 * steps - 4))
         if fp64_redo:
             total += mn + mm
+    elif method == "polar-split":
+        total = 5 * mn + mm * (2 + 3 * max(0, 4 * steps - 4))
     elif method == "orth":
         total = steps * (2 * mn + mm)
     else:

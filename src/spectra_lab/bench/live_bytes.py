@@ -68,40 +68,54 @@ _PRODUCTS = ("mm", "bmm", "addmm", "baddbmm")
 
 class _Bf16Products(TorchDispatchMode):
     """bf16 products at float32 speed: each runs on float32 copies of its operands and rounds its
-    result to bf16 once (a tensor core's numerics, up to the order of the sums). A mode below
-    :class:`LiveBytes` hides the float32 copies from it, which sees the bf16 result alone, as a
-    GPU allocates it. A CPU without bf16 units would otherwise run torch's bf16 products some 50×
-    slower than float32, or take the operators' emulation, whose float32 temporaries a GPU
-    never allocates."""
+    result to bf16 once (a tensor core's numerics, up to the order of the sums), or keeps it in
+    float32 when asked (``out_dtype=torch.float32``, the CUDA overloads of split products, which
+    the CPU lacks). A mode below :class:`LiveBytes` hides the float32 copies from it, which sees
+    the result alone, as a GPU allocates it. A CPU without bf16 units would otherwise run
+    torch's bf16 products some 50× slower than float32, or take the operators' emulation, whose
+    float32 temporaries a GPU never allocates."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs = dict(kwargs or {})
         if func.overloadpacket.__name__ in _PRODUCTS and any(
             isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
         ):
-            wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
-            return func(*wide, **kwargs).to(torch.bfloat16)
+            # the out_dtype overloads (aten::bmm.dtype, ...) take it among args or kwargs
+            dtypes = [a for a in args if isinstance(a, torch.dtype)]
+            keep = kwargs.pop("out_dtype", dtypes[0] if dtypes else None) == torch.float32
+            wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args
+                    if not isinstance(a, torch.dtype)]  # fmt: skip
+            out = func.overloadpacket.default(*wide, **kwargs)
+            return out if keep else out.to(torch.bfloat16)
         return func(*args, **kwargs)
 
 
 @contextmanager
 def gpu_code_path() -> Iterator[None]:
     """Within: CPU steps take the code path of a CUDA step (deferred reads, foreach Adam, one
-    multi-tensor finite check, and bf16 products as on a device with bf16 units, at float32
-    speed: :class:`_Bf16Products`)."""
-    from spectra.ops import _common
+    multi-tensor finite check, ``mixed``'s split products for large matrices, and bf16
+    products as on a device with bf16 units, float32 results of split products included, at
+    float32 speed: :class:`_Bf16Products`)."""
+    from spectra.ops import _common, mixed
     from spectra.optim import adamw, chain, plan
 
-    saved = (plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, chain.PER_TENSOR_CHECK_DEVICES,
-             _common.CPU_HAS_BF16_UNITS)  # fmt: skip
-    plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, chain.PER_TENSOR_CHECK_DEVICES = True, (), ()
-    _common.CPU_HAS_BF16_UNITS = True
+    settings = [
+        (plan, "READ_ONCE_ON_CPU", True),
+        (adamw, "PER_TENSOR_DEVICES", ()),
+        (chain, "PER_TENSOR_CHECK_DEVICES", ()),
+        (_common, "CPU_HAS_BF16_UNITS", True),
+        (mixed, "SPLIT_DEVICES", ("cuda", "cpu")),
+        (_common, "bf16_products_fp32", _common._float32_output_products),  # as on CUDA
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in settings]
+    for module, name, value in settings:
+        setattr(module, name, value)
     try:
         with _Bf16Products():
             yield
     finally:
-        (plan.READ_ONCE_ON_CPU, adamw.PER_TENSOR_DEVICES, chain.PER_TENSOR_CHECK_DEVICES,
-         _common.CPU_HAS_BF16_UNITS) = saved  # fmt: skip
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 def _after_first_step(

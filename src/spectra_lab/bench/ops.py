@@ -87,6 +87,11 @@ def methods(c: float) -> dict[str, tuple[str, Callable[[Tensor], Tensor]]]:
         "eigh64": ("soft", lambda X: soft_clip(X, c, method="eigh", ns_dtype=torch.float64)),
         "polar": ("soft", lambda X: soft_clip(X, c, method="polar")),
         "mixed": ("soft", lambda X: soft_clip(X, c, method="mixed")),
+        "mixed_bf16": (
+            "soft",
+            lambda X: soft_clip(X, c, method="mixed", ns_dtype=torch.bfloat16),
+        ),
+        "mixed_fp32": ("soft", lambda X: soft_clip(X, c, method="mixed", ns_dtype=torch.float32)),
         "polar_bf16": (
             "soft",
             lambda X: soft_clip(X, c, method="polar", ns_dtype=torch.bfloat16),

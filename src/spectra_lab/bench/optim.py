@@ -111,6 +111,7 @@ EXTRA_METHODS = (
     "spectra-adamw-mixed",
     "spectra-adamw-polar-bf16",
     "spectra-adamw-mixed-bf16",
+    "spectra-adamw-mixed-fp32",
     *CAPTURABLE_METHODS,
 )
 #: How the peak memory is measured, as the report states it.
@@ -335,9 +336,10 @@ def make_optimizer(method: str, params: list[Tensor], lr: float, clip_c: float) 
     if method in CAPTURABLE_METHODS:
         return make_capturable(method, params, lr, clip_c, betas=(0.9, 0.999), weight_decay=0.1)
     if method.startswith("spectra-adamw-") and method != "spectra-adamw-chunked":
-        name = method.removeprefix("spectra-adamw-")  # a clip_method, "-bf16": bf16 first
-        bf16 = {"clip_ns_dtype": "bfloat16"} if name.endswith("-bf16") else {}
-        return so.AdamW(params, clip_c=clip_c, clip_method=name.removesuffix("-bf16"), **bf16, **kw)
+        # a clip_method; "-bf16": bf16-first products, "-fp32": float32 ones, whatever the size
+        name, _, precision = method.removeprefix("spectra-adamw-").partition("-")
+        ns = {"bf16": {"clip_ns_dtype": "bfloat16"}, "fp32": {"clip_ns_dtype": "float32"}}
+        return so.AdamW(params, clip_c=clip_c, clip_method=name, **ns.get(precision, {}), **kw)
     if method == "spectra-noclip":
         return so.AdamW(params, clip_c=None, **kw)
     if method == "spectra-wrap":

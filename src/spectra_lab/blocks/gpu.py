@@ -202,11 +202,27 @@ def gpu_memory_model(root: Path) -> str:
     return ", ".join(f"`{r['row']}` {r['peak_vs_torch_adamw']:.2f}×" for r in rows)
 
 
+def gpu_memory_model_780m(root: Path) -> str:
+    """The same model at eight layers of the 780M shapes, where CUDA's ``mixed`` takes split
+    bf16 products (``experiments/gpu_step_memory_model.py --large``)."""
+    rows = json_of(root, "docs/data/gpu_step_memory_model_780m.json")["rows"]
+    return ", ".join(f"`{r['row']}` {r['peak_vs_torch_adamw']:.3f}×" for r in rows)
+
+
 def gpu_host_ops(root: Path) -> str:
     """The operations one step dispatches on the CUDA code path at the 124M shapes, counted on
     the CPU (``experiments/gpu_step_host_ops.py``)."""
-    stored = json_of(root, "docs/data/gpu_step_host_ops.json")
+    return _host_ops_table(root, "docs/data/gpu_step_host_ops.json", "124M shapes")
+
+
+def gpu_host_ops_780m(root: Path) -> str:
+    """The same at eight layers of the 780M shapes (``gpu_step_host_ops.py --large``)."""
+    return _host_ops_table(root, "docs/data/gpu_step_host_ops_780m.json", "780M shapes, 8 layers")
+
+
+def _host_ops_table(root: Path, path: str, shapes: str) -> str:
+    stored = json_of(root, path)
     rows = [[f"`{r['row']}`", str(r["operations"]), str(r["compute"]), str(r["view"]),
              str(r["read"])] for r in stored["rows"]]  # fmt: skip
-    return table(["step (124M shapes)", "operations", "compute (launches)", "views", "reads"],
+    return table([f"step ({shapes})", "operations", "compute (launches)", "views", "reads"],
                  rows, "lrrrr")  # fmt: skip

@@ -154,6 +154,31 @@ def cuda_default(root: Path) -> str:
             f"{peak:.2f}× its peak memory, and its 780M step {big:.2f}× its time")  # fmt: skip
 
 
+def cuda_split_rule(root: Path) -> str:
+    """``mixed`` with split bf16 products over ``mixed`` in float32, step time at 124M and
+    780M on the latest H200 run that timed both (``gpu_check.json``): the basis of
+    ``spectra.ops.mixed.MIXED_SPLIT_FROM``."""
+    split = "spectra-adamw-mixed-bf16"
+
+    def both(run: dict) -> tuple[dict, dict] | None:
+        if "gpu_check.json" not in run["files"]:
+            return None
+        parts = _gpu_parts(root / "docs/data/gpu" / run["folder"])
+        steps = [parts.get(p, {}).get("step_ms", {}) for p in ("bench_optim", "bench_optim_780m")]
+        return (steps[0], steps[1]) if all(split in s for s in steps) else None
+
+    runs = sorted(json_of(root, "docs/data/gpu/runs.json")["runs"], key=lambda r: r["date"])
+    run = [r for r in runs if "H200" in r["gpu"] and both(r)][-1]
+    small, big = both(run)
+    measured = _gpu_parts(root / "docs/data/gpu" / run["folder"])["bench_optim_780m"]
+    date = measured.get("measured", run["date"])
+    fp32 = next(m for m in ("spectra-adamw-mixed-fp32", "spectra-adamw-mixed") if m in big)
+    return (f"on the H200 (run of {date}, commit {run['commit']}) its step took "
+            f"{small[split] / small['spectra-adamw-mixed']:.2f}× the time of its float32 form "
+            f"at the 124M shapes (smaller sides 768) and {big[split] / big[fp32]:.2f}× at "
+            f"the 780M ones (1280)")  # fmt: skip
+
+
 def h200_780m(root: Path) -> str:
     """``polar`` and ``mixed`` at 780M on the last two H200 runs (``gpu_check.json``)."""
     before, last = _h200_runs(root)[-2:]
@@ -501,6 +526,7 @@ OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
     "data:operators-h100-mixed": h100_mixed,
     "data:operators-h200-780m": h200_780m,
     "data:operators-cuda-default": cuda_default,
+    "data:operators-cuda-split-rule": cuda_split_rule,
     "data:operators-symmetric-gram": symmetric_gram,
     "data:operators-amx-rate": amx_rate,
     "data:operators-amx-gflops": amx_gflops,

@@ -9,7 +9,8 @@ matrix-product flops and the kernel launches of
   where float32 products run in TF32: H100 runs both at the same rate), one call per batch
   of same-shaped matrices;
 * ``polar-bf16x3``: the same with ``ns_dtype=torch.bfloat16``, every product formed from
-  three bf16 tensor-core products (``split_bf16_matmul``); only where ``α = 1 + (σ_max/c)²
+  three bf16 tensor-core products (``split_bf16_matmul``), the Gram matrix and ``G²`` from
+  two (``split_bf16_gram``); only where ``α = 1 + (σ_max/c)²
   ≤ 1e4``, beyond which it runs as ``polar``;
 * ``mixed``: ``soft_clip(method="mixed")``, its Gram matrix and first steps in float32
   (float64 past α = 1e5, at the same H100 rate) and the rest in bf16
@@ -52,7 +53,7 @@ from spectra_lab.bench.tables import markdown_table
 PEAK_TFLOPS = {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0, "fp64": 67.0}
 WRAPPER_LAUNCHES = 6  # the paper wrapper's clone, recovery and update, per matrix
 #: Operations that launch no kernel: allocations, autograd bookkeeping, the host read of α.
-NO_KERNEL = ("empty", "empty_strided", "detach", "lift_fresh", "_local_scalar_dense")
+NO_KERNEL = ("empty", "empty_like", "empty_strided", "detach", "lift_fresh", "_local_scalar_dense")
 #: Presets' (layers, d_model, SwiGLU hidden, vocabulary), from spectra_lab.model.llama.
 MODELS = {"124m": (12, 768, 2048, 50304), "780m": (32, 1280, 3584, 50304)}
 
@@ -137,7 +138,8 @@ def step_model(
     ]
     if 1.0 + sigma_over_c**2 <= POLAR_SPLIT_MAX_ALPHA:
         split_l = batches * count_kernels("polar-bf16x3", sigma_over_c)
-        rows.append(("polar-bf16x3", 3 * polar_f, split_l, PEAK_TFLOPS["bf16"]))
+        split_f = sum(matmul_flops("polar-split", (m, n), steps) for m, n in mats)
+        rows.append(("polar-bf16x3", split_f, split_l, PEAK_TFLOPS["bf16"]))
     alpha = 1.0 + sigma_over_c**2
     coeffs = inverse_sqrt_schedule(1.0 / math.sqrt(alpha), POLAR_TOL)
     exact = exact_steps(coeffs, 1.0 / math.sqrt(alpha))

@@ -101,11 +101,14 @@ OVERHEAD_STEPS, OVERHEAD_ACCUM = 14, 4
 CAPTURABLE_TRAIN = (
     "--set", "optimizer_kwargs={capturable: true}", "--set", "clip_schedule=constant",
 )  # fmt: skip
-#: The operator benchmark's cells: the paper's 124M shapes, Adam-like, sign and recorded inputs
+#: The operator benchmark's cells: the paper's 124M shapes and 2048², Adam-like, sign and
+#: recorded inputs; ``mixed`` in float32 and bf16-first at each size (on either side of the
+#: default's split threshold, ``spectra.ops.mixed.MIXED_SPLIT_FROM``)
 OPS_ARGS = (
-    "--shapes", "768x768", "768x3072", "2048x2048", "--inputs", "adam_spike", "sign", "recorded",
-    "--dtypes", "fp32", "bf16", "--methods", "auto", "polar", "mixed", "polar_bf16",
-    "paper_bf16", "paper_fp32", "--paper-bf16", "always", "--repeats", "10", "--no-progress",
+    "--shapes", "768x768", "768x3072", "2048x2048", "--inputs", "adam_spike", "sign",
+    "recorded", "--dtypes", "fp32", "bf16", "--methods", "auto", "polar", "mixed", "mixed_fp32",
+    "mixed_bf16", "polar_bf16", "paper_bf16", "paper_fp32", "--paper-bf16", "always",
+    "--repeats", "10", "--no-progress",
 )  # fmt: skip
 #: The rows beside SPECTRA at both sizes: torch AdamW (foreach, fused), torch's Muon with
 #: torch AdamW, D-Muon
@@ -114,11 +117,13 @@ OPTIM_ARGS = (
     "--repeats", "10", "--warmup", "2", "--methods", *PEERS, "spectra-adamw",
     "spectra-adamw-polar", "spectra-adamw-mixed", "spectra-adamw-mixed-bf16", "paper-wrap-bf16",
 )  # fmt: skip
-#: The 780M shapes and the rows timed there (a few repeats: a step takes 0.1-0.5 s)
+#: The 780M shapes and the rows timed there (a few repeats: a step takes 0.1-0.5 s); there
+#: ``mixed`` takes split bf16 products by default (``spectra.ops.mixed.MIXED_SPLIT_FROM``), and
+#: ``-fp32`` times its float32 ones beside them
 OPTIM_780M_ARGS = (
     "--layers", "32", "--dim", "1280", "--hidden", "3584", "--methods", *PEERS,
     "spectra-adamw", "spectra-adamw-polar", "spectra-adamw-mixed", "spectra-adamw-mixed-bf16",
-    "--repeats", "4", "--warmup", "2", "--no-memory",
+    "spectra-adamw-mixed-fp32", "--repeats", "4", "--warmup", "2", "--no-memory",
 )  # fmt: skip
 #: The step without host reads (eager, compiled whole, in a CUDA graph) and ``polar``'s
 #: bf16-first products beside the default step at the 124M shapes, with their memory
