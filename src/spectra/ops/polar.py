@@ -43,8 +43,8 @@ from spectra.ops.quintics import coupled_inverse_sqrt, inverse_sqrt_schedule
 POLAR_FP32_MAX_ALPHA = 1e5
 
 
-# With ``dtype=torch.bfloat16``, "polar" forms every product from three bf16 products
-# (split_bf16_matmul, about 1e-5 relative error each) while α ≤ this bound, where the measured
+# With ``dtype=torch.bfloat16``, "polar" forms every product from three bf16 products (the Gram
+# matrix and G² from two; about 1e-5 relative error each) while α ≤ this bound, where the measured
 # error stays below 1.5e-3 (docs/operators.md); beyond it, float32 or float64 as by default.
 POLAR_SPLIT_MAX_ALPHA = 1e4
 
@@ -318,11 +318,12 @@ def soft_clip_polar(
     of same-shaped matrices.
     The Gram matrix and ``G²`` are accumulated in float32 at least (bf16/fp16 are upcast).
 
-    ``dtype=torch.bfloat16`` runs every product, the Gram matrix's included, as three bf16
-    tensor-core products with float32 accumulation (:func:`spectra.ops._common.split_bf16_matmul`,
-    about 1e-5 relative error per product) while ``α ≤ 1e4`` (``σ_max/c ≲ 100``), where the
-    measured error stays below 1.5e-3; beyond that bound it works as with ``dtype=None``. On a
-    GPU this trades float32 products for three times as many bf16 ones (an H100 runs bf16
+    ``dtype=torch.bfloat16`` runs every product as three bf16 tensor-core products with float32
+    accumulation (:func:`spectra.ops._common.split_bf16_matmul`; the Gram matrix and ``G²`` as
+    two, :func:`~spectra.ops._common.split_bf16_gram`), about 1e-5 relative error per product,
+    while ``α ≤ 1e4`` (``σ_max/c ≲ 100``), where the measured error stays below 1.5e-3; beyond
+    that bound it works as with ``dtype=None``. On a GPU this trades float32 products for two to
+    three times as many bf16 ones (an H100 runs bf16
     about 15× faster); on a CPU without bf16 units the bf16 products are emulated in float32,
     so there it is slower than float32 and serves to check the numerics.
 
