@@ -24,8 +24,7 @@ import time
 import torch
 
 import spectra.optim as so
-from spectra_lab.bench.live_bytes import gpu_path_host_ops, write_model_report
-from spectra_lab.bench.optim import llama_shapes
+from spectra_lab.bench.live_bytes import gpu_path_host_ops, model_shapes, write_model_report
 
 ROWS = {
     "torch-adamw (foreach)": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
@@ -60,8 +59,7 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="eight layers of the 780M shapes")
     args = parser.parse_args()
     out = args.out or f"docs/data/gpu_step_host_ops{'_780m' if args.large else ''}.json"
-    shapes = llama_shapes(8, 1280, 3584) if args.large else llama_shapes()
-    where = "eight layers of the 780M shapes" if args.large else "124M shapes"
+    shapes, where = model_shapes(args.large)
     rows = []
     print("| row | operations | compute | views | reads | time |")
     for name, make in (LARGE_ROWS if args.large else ROWS).items():

@@ -21,8 +21,7 @@ import argparse
 import time
 
 import spectra.optim as so
-from spectra_lab.bench.live_bytes import gpu_path_peak, write_model_report
-from spectra_lab.bench.optim import llama_shapes
+from spectra_lab.bench.live_bytes import gpu_path_peak, model_shapes, write_model_report
 
 ROWS = {
     "spectra-adamw (mixed, the CUDA default)": {"clip_method": "mixed"},
@@ -47,8 +46,7 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="eight layers of the 780M shapes")
     args = parser.parse_args()
     out = args.out or f"docs/data/gpu_step_memory_model{'_780m' if args.large else ''}.json"
-    shapes = llama_shapes(8, 1280, 3584) if args.large else llama_shapes()
-    where = "eight layers of the 780M shapes" if args.large else "124M shapes"
+    shapes, where = model_shapes(args.large)
     rows = []
     for name, kw in (LARGE_ROWS if args.large else ROWS).items():
         started = time.perf_counter()

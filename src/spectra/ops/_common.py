@@ -227,10 +227,11 @@ def split_bf16_gram(X: Tensor) -> Tensor:
     the same way."""
     C = None
     for s in _long_blocks(X.shape[-1], X.shape[-2]):
+        width = s.stop - s.start
         lhs = _split_concat(X[..., s], -1, (1, 2))  # [X₁ X₂]
-        hi, rhs = lhs[..., : s.stop - s.start], torch.empty_like(lhs)
-        torch.mul(hi, 0.5, out=rhs[..., : hi.shape[-1]])
-        rhs[..., hi.shape[-1] :].copy_(hi)  # [X₁/2 X₁]
+        hi, rhs = lhs[..., :width], torch.empty_like(lhs)
+        torch.mul(hi, 0.5, out=rhs[..., :width])
+        rhs[..., width:].copy_(hi)  # [X₁/2 X₁]
         block = bf16_products_fp32(lhs, rhs.mT)
         del lhs, hi, rhs  # before the next block's
         C = block if C is None else C.add_(block)

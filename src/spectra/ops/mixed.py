@@ -56,11 +56,11 @@ MIXED_BF16_FROM = 0.5
 MIXED_MAX_BF16_STEPS = 2
 
 
-# On CUDA the exact part (the Gram matrix, G², the exact steps, the last product) runs on split
-# bf16 products by default (dtype=None) for matrices whose smaller side is at least this, and in
-# float32 below it. In the H200 run of docs/gpu.md (commit dab824e, bench optim) the split
-# products made the step faster at the 780M shapes (smaller sides 1280) and slower at the 124M
-# ones (768), where a step is bound by its launches more than by its products.
+#: On CUDA the exact part (the Gram matrix, G², the exact steps, the last product) runs on split
+#: bf16 products by default (dtype=None) for matrices whose smaller side is at least this, and
+#: in float32 below it. In the H200 run of docs/gpu.md (commit dab824e, bench optim) the split
+#: products made the step faster at the 780M shapes (smaller sides 1280) and slower at the 124M
+#: ones (768), where a step is bound by its launches more than by its products.
 MIXED_SPLIT_FROM = 1024
 
 #: The devices on which :data:`MIXED_SPLIT_FROM` applies. CPUs are left out, even those with

@@ -190,6 +190,17 @@ def gpu_path_host_ops(
     return mode
 
 
+def model_shapes(large: bool) -> tuple[list[tuple[int, ...]], str]:
+    """The parameter shapes the CPU models of the GPU step run at, and their name: the 124M
+    shapes, or (``large``) eight layers of the 780M ones, where CUDA's ``mixed`` takes split
+    bf16 products."""
+    from spectra_lab.bench.optim import llama_shapes
+
+    if large:
+        return llama_shapes(8, 1280, 3584), "eight layers of the 780M shapes"
+    return llama_shapes(), "124M shapes"
+
+
 def write_model_report(out: str, what: str, shapes: list[tuple[int, ...]], rows: list) -> None:
     """Store the ``rows`` of a model of the GPU step run on the CPU (``what`` it measured, at
     the parameter ``shapes``) at ``out``, with this machine's description, atomically."""

@@ -160,18 +160,18 @@ def cuda_split_rule(root: Path) -> str:
     ``spectra.ops.mixed.MIXED_SPLIT_FROM``."""
     split = "spectra-adamw-mixed-bf16"
 
-    def both(run: dict) -> tuple[dict, dict] | None:
+    def timed(run: dict) -> dict | None:
+        """The run's parts where both sizes timed the split products."""
         if "gpu_check.json" not in run["files"]:
             return None
         parts = _gpu_parts(root / "docs/data/gpu" / run["folder"])
-        steps = [parts.get(p, {}).get("step_ms", {}) for p in ("bench_optim", "bench_optim_780m")]
-        return (steps[0], steps[1]) if all(split in s for s in steps) else None
+        sizes = ("bench_optim", "bench_optim_780m")
+        return parts if all(split in parts.get(p, {}).get("step_ms", {}) for p in sizes) else None
 
     runs = sorted(json_of(root, "docs/data/gpu/runs.json")["runs"], key=lambda r: r["date"])
-    run = [r for r in runs if "H200" in r["gpu"] and both(r)][-1]
-    small, big = both(run)
-    measured = _gpu_parts(root / "docs/data/gpu" / run["folder"])["bench_optim_780m"]
-    date = measured.get("measured", run["date"])
+    run, parts = [(r, p) for r in runs if "H200" in r["gpu"] and (p := timed(r))][-1]
+    small, big = parts["bench_optim"]["step_ms"], parts["bench_optim_780m"]["step_ms"]
+    date = parts["bench_optim_780m"].get("measured", run["date"])
     fp32 = next(m for m in ("spectra-adamw-mixed-fp32", "spectra-adamw-mixed") if m in big)
     return (f"on the H200 (run of {date}, commit {run['commit']}) its step took "
             f"{small[split] / small['spectra-adamw-mixed']:.2f}× the time of its float32 form "
