@@ -83,3 +83,34 @@ def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(capturable, monke
         monkeypatch.setattr(batched, "PENDING_FRACTION", 4)
         before = gpu_path_peak(make, shapes)
         assert before - now >= 0.05, (now, before)
+
+
+@pytest.mark.parametrize(
+    ("method", "ns_dtype", "units"),
+    [
+        # Z, Y, the step's polynomial Q and the product being formed: no G or G² through the
+        # steps (M̂ and the first step are formed in their storage and freed once used)
+        ("mixed", None, 4),
+        # Z, Y, E = ZY, the split operands of E² (1.5 units each: three bf16 halves) and
+        # its float32 result
+        ("mixed", torch.bfloat16, 7),
+        # its caller holds M̂ and M̂² through the steps, which hold Z, Y, E and a product
+        ("polar", None, 6),
+    ],
+)
+def test_a_soft_clip_call_holds_the_working_set_of_its_steps_alone(method, ns_dtype, units):
+    """Along the CUDA code path, a call's peak over a batch of square matrices, in units of
+    the batch's float32 bytes: the working set of its coupled steps, nothing held beside it."""
+    from spectra.ops import soft_clip
+    from spectra.ops.polar import polar_steps
+    from spectra_lab.bench.live_bytes import gpu_code_path
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(8, 256, 256, generator=g) * (30.0 / 16)  # σ_max/c ≈ 60: α ≈ 3600
+    with gpu_code_path():
+        assert polar_steps(X, 1.0)[0] >= 4  # steps enough for the working set to show
+        with LiveBytes() as mode:
+            Y = soft_clip(X, 1.0, method=method, ns_dtype=ns_dtype)
+    batch = X.numel() * 4
+    assert units * batch <= mode.peak < (units + 0.01) * batch  # (and per-matrix scalars)
+    assert Y.shape == X.shape and torch.isfinite(Y).all()

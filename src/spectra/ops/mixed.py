@@ -170,24 +170,31 @@ def mixed_gram_factor(
 
 def _mixed_factor(c: float, plan: Plan) -> Tensor:
     """``K`` (in the plan's dtype; float32 for split bf16 products) with ``H_c(X) = K·plan.Xh``
-    for ``soft_clip_mixed``."""
+    for ``soft_clip_mixed``. The plan's G and G² become M̂ and the first step in their own
+    storage, and the iteration frees them once used: a batch's working set holds no Gram matrix
+    and no square of it through the steps."""
     split = plan.dtype == torch.bfloat16  # the exact steps by split bf16 products
     wd, coeffs = (torch.float32 if split else plan.dtype), plan.coeffs
     factor = output_factor(c, plan).to(wd)
     batch, m = plan.G.shape[:-2], plan.G.shape[-1]
     if not coeffs:
+        plan.take_grams()  # unused: freed before the last product
         return factor * torch.eye(m, dtype=wd, device=factor.device).expand(*batch, m, m)
     wi = plan.w_id.to(wd).reshape(-1, 1, 1)
     wg = plan.w_g.to(wd).reshape(-1, 1, 1)
-    G = plan.G.to(wd).reshape(-1, m, m)
     exact = exact_steps(coeffs, math.sqrt(1.0 / plan.alpha))
-    # M̂ = w_G·G + w_I·I and the first step go to the steps unnamed, so that the steps free
-    # each once used (the peak of the GPU step is the working set of a batch)
-    Z, E = (
-        _coupled_steps(add_to_diagonal(wg * G, wi), coeffs[:exact], _first_step(plan, G, wg, wi),
-                       split_bf16_matmul if split else None)
-        if exact else (None, add_to_diagonal(wg * G, wi))
-    )  # fmt: skip
+    if exact:
+        # M̂ and the first step go to the steps unnamed, so that the steps free each once used
+        # (_m_hat first: _first_step takes M̂ from the plan)
+        Z, E = _coupled_steps(
+            _m_hat(plan, wd, wg, wi),
+            coeffs[:exact],
+            _first_step(plan, wd, wg, wi),
+            split_bf16_matmul if split else None,
+        )
+    else:
+        _m_hat(plan, wd, wg, wi)
+        Z, E = None, plan.take_grams()[0]
     if exact < len(coeffs):
         E16 = E.to(torch.bfloat16)
         del E  # the bf16 steps see E alone: an m × m temporary less meanwhile
@@ -196,12 +203,22 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
 
 
-def _first_step(plan: Plan, G: Tensor, wg: Tensor, wi: Tensor) -> Tensor:
-    """The coupled iteration's first step ``aI + bM̂ + cM̂²`` with M̂ = w_G·G + w_I·I, through
-    ``M̂² = w_G²·G² + 2w_G·w_I·G + w_I²·I`` from the G² that the α bound needed."""
+def _m_hat(plan: Plan, wd: torch.dtype, wg: Tensor, wi: Tensor) -> Tensor:
+    """``M̂ = w_G·G + w_I·I`` (a ``(B, m, m)`` batch in ``wd``) in the storage of the plan's G,
+    which then holds M̂."""
+    m = plan.G.shape[-1]
+    plan.G = plan.G.to(wd).reshape(-1, m, m)
+    return add_to_diagonal(plan.G.mul_(wg), wi)
+
+
+def _first_step(plan: Plan, wd: torch.dtype, wg: Tensor, wi: Tensor) -> Tensor:
+    """The coupled iteration's first step ``aI + bM̂ + cM̂²`` in the storage of the plan's G²,
+    once :func:`_m_hat` has made the plan's G into M̂, through ``M̂² = w_G²·G² + 2w_I·M̂ −
+    w_I²·I``: ``c·w_G²·G² + (b + 2c·w_I)·M̂ + (a − c·w_I²)·I``. Takes M̂ and G² from the plan."""
     a, b, c = plan.coeffs[0]
-    Z = torch.mul(plan.G2.to(G.dtype).reshape(G.shape), c * wg * wg)
-    return add_to_diagonal(Z.addcmul_(G, b * wg + 2.0 * c * wg * wi), a + b * wi + c * wi * wi)
+    M_hat, G2 = plan.take_grams()
+    Z = G2.to(wd).reshape(M_hat.shape).mul_(c * wg * wg).addcmul_(M_hat, b + 2.0 * c * wi)
+    return add_to_diagonal(Z, a - c * wi * wi)
 
 
 def _fused_quintic(E: Tensor, a: float, b: float, c: float, mm: Matmul | None = None) -> Tensor:

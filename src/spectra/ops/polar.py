@@ -69,11 +69,24 @@ def check_tol(options: Options) -> None:
         raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
 
 
+def _take_grams(holder: Plan | GramState) -> tuple[Tensor, Tensor]:
+    """``(G, G²)`` from ``holder``, which holds them no longer: whoever takes them may overwrite
+    them, and they are freed once the taker lets go (the peak of a GPU step is the working set
+    of one batch, which the Gram matrix and its square would otherwise stay in until the end)."""
+    G, G2 = holder.G, holder.G2
+    if G is None or G2 is None:
+        raise RuntimeError("the Gram matrices of this call were already taken")
+    holder.G = holder.G2 = None
+    return G, G2
+
+
 @dataclass
 class Plan:
+    """What the iteration of a polar call needs once its host read has set the schedule."""
+
     Xh: Tensor | None  # X / scale in the Gram precision (X itself when x_inv is set)
-    G: Tensor  # Xh Xhᵀ
-    G2: Tensor  # G²
+    G: Tensor | None  # Xh Xhᵀ, until taken (take_grams)
+    G2: Tensor | None  # G², until taken
     scale: Tensor  # power of two per matrix (float64)
     r: Tensor  # s_max/c in original units (float64, may be inf)
     w_id: Tensor  # max(1/α, 1/α_cap)
@@ -84,13 +97,16 @@ class Plan:
     coeffs: tuple[tuple[float, float, float], ...]  # the quintics to run
     x_inv: Tensor | None  # Xh is X itself, to be multiplied by x_inv (see GramState)
 
+    take_grams = _take_grams
+
 
 @dataclass
 class GramState:
-    """A polar call's device work before its host read: the first Gram matrix and the bounds."""
+    """A polar call's device work before its host read: the first Gram matrix and the bounds.
+    :func:`decide` hands G and G² on to the :class:`Plan` (``take_grams``)."""
 
-    G: Tensor
-    G2: Tensor
+    G: Tensor | None
+    G2: Tensor | None
     scale: Tensor
     r: Tensor
     w_id: Tensor
@@ -106,6 +122,8 @@ class GramState:
     # float64 (3,) on the device: the largest α, whether the input was finite, whether X's
     # scale let G be formed from X itself (see DIRECT_RANGE)
     request: Tensor
+
+    take_grams = _take_grams
 
 
 def scaled_x(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
@@ -239,7 +257,7 @@ def decide(
         G, scale = scaled_gram(Xw, wd)
         ones = torch.ones((), dtype=torch.bool, device=G.device)
         g = bounds(*gram_square_and_bound(G), scale, g.c, False, g.exact, None, ones)
-    G, G2, x_inv, Xh = g.G, g.G2, g.x_inv, None
+    (G, G2), x_inv, Xh = g.take_grams(), g.x_inv, None  # the plan alone holds them from here
     if Xw is not None:
         if x_inv is None and float32_last and Xw.dtype != torch.float64:
             x_inv = g.scale.reciprocal()
@@ -337,17 +355,27 @@ def soft_clip_polar(
 
 
 def _polar_run(Xw: Tensor, c: float, plan: Plan) -> Tensor:
-    """The coupled iteration of ``soft_clip_polar`` on the wide ``Xw`` (float64 result)."""
-    Xh, G, G2, wd, coeffs = plan.Xh, plan.G, plan.G2, plan.dtype, plan.coeffs
-    wi, wg = plan.w_id[..., None, None], plan.w_g[..., None, None]
-    eye = torch.eye(G.shape[-1], dtype=torch.float64, device=G.device)
-    G64 = G.to(torch.float64)
-    M_hat = wg * G64 + wi * eye
-    M_hat_sq = (wg * wg) * G2.to(torch.float64) + (2.0 * wg * wi) * G64 + (wi * wi) * eye
+    """The coupled iteration of ``soft_clip_polar`` on the wide ``Xw``, its result in the working
+    precision (float32 for split bf16 products)."""
+    Xh, wd = plan.Xh, plan.dtype
     # split bf16 products keep float32 operands
     store, mm = (torch.float32, split_bf16_matmul) if wd == torch.bfloat16 else (wd, matmul)
-    Z = coupled_inverse_sqrt(M_hat.to(store), M_hat_sq.to(store), coeffs, matmul=mm)
-    return mm(Z, Xh.to(store)).to(torch.float64) * output_factor(c, plan)
+    M_hat, M_hat_sq = _polar_start(plan, store)
+    Z = coupled_inverse_sqrt(M_hat, M_hat_sq, plan.coeffs, matmul=mm)
+    del M_hat, M_hat_sq
+    # the float64 factor multiplies in float64 and rounds once, into the product's own storage
+    return mm(Z, Xh.to(store)).mul_(output_factor(c, plan))
+
+
+def _polar_start(plan: Plan, store: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``M̂ = w_G·G + w_I·I`` and ``M̂² = w_G²·G² + 2w_G·w_I·G + w_I²·I`` in ``store``, in the
+    storage of the plan's G and G² (which the plan then holds no longer)."""
+    G, G2 = plan.take_grams()
+    wi, wg = plan.w_id[..., None, None].to(store), plan.w_g[..., None, None].to(store)
+    G, G2 = G.to(store), G2.to(store)
+    G2.mul_(wg * wg).addcmul_(G, 2.0 * wg * wi).diagonal(dim1=-2, dim2=-1).add_((wi * wi)[..., 0])
+    G.mul_(wg).diagonal(dim1=-2, dim2=-1).add_(wi[..., 0])
+    return G, G2
 
 
 def output_factor(c: float, plan: Plan) -> Tensor:

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from spectra.ops import _polar_coeffs as _tables
+from spectra.ops._common import add_to_diagonal
 
 __all__ = [
     "ORTH_COEFFS",
@@ -226,22 +227,25 @@ def coupled_inverse_sqrt(
     ``Z₀ = I`` and ``Y₀ = M̂`` the first step needs one product; each later step needs four
     (``E = ZY``, ``E²``, ``QZ``, ``YQ``), the last one three, all through ``matmul``.
     """
-    eye = torch.eye(M_hat.shape[-1], dtype=M_hat.dtype, device=M_hat.device)
     if not coeffs:
+        eye = torch.eye(M_hat.shape[-1], dtype=M_hat.dtype, device=M_hat.device)
         return eye.expand_as(M_hat).clone()
     a, b, c = coeffs[0]
-    Z = a * eye + b * M_hat + c * M_hat_sq
+    # each polynomial in place in its fresh product: the working set is Z, Y and a product
+    Z = add_to_diagonal(torch.mul(M_hat_sq, c).add_(M_hat, alpha=b), a)
     if len(coeffs) == 1:
         return Z
     Y = matmul(M_hat, Z)
     last = len(coeffs) - 1
     for k, (a, b, c) in enumerate(coeffs[1:], start=1):
         E = matmul(Z, Y)
-        E = 0.5 * (E + E.mT)  # symmetric in exact arithmetic; keep it so
-        Q = a * eye + b * E + c * matmul(E, E)
+        E = torch.add(E, E.mT).mul_(0.5)  # symmetric in exact arithmetic; keep it so
+        Q = add_to_diagonal(matmul(E, E).mul_(c).add_(E, alpha=b), a)
+        del E
         Z = matmul(Q, Z)
         if k < last:
             Y = matmul(Y, Q)
+        del Q
     return Z
 
 
