@@ -70,7 +70,8 @@ def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(capturable, monke
     # the matrices of a small Llama: the fractions' floors hold here, so the ratio is above the
     # 124M shapes' (experiments/gpu_step_memory_model.py), but within the GPU step's 1.10x bar,
     # the capturable step's too (1.118x while the coupled steps held the first step, M̂ and
-    # the last Q through the later steps); the old fractions held more
+    # the last Q through the later steps); the old fractions held more (by less since a
+    # batch holds no Gram matrix through its steps: 0.047 then)
     shapes = llama_shapes(layers=12, dim=384, hidden=1024, vocab=8192)
 
     def make(ps):
@@ -82,7 +83,7 @@ def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(capturable, monke
         monkeypatch.setattr(batched, "MATMUL_BATCH_FRACTION", 8)
         monkeypatch.setattr(batched, "PENDING_FRACTION", 4)
         before = gpu_path_peak(make, shapes)
-        assert before - now >= 0.05, (now, before)
+        assert before - now >= 0.04, (now, before)
 
 
 @pytest.mark.parametrize(
@@ -91,8 +92,8 @@ def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(capturable, monke
         # Z, Y, the step's polynomial Q and the product being formed: no G or G² through the
         # steps (M̂ and the first step are formed in their storage and freed once used)
         ("mixed", None, 4),
-        # Z, Y, E = ZY, the split operands of E² (1.5 units each: three bf16 halves) and
-        # its float32 result
+        # Z, Y, Q, the split operands of QZ (1.5 units each: three bf16 halves) and its
+        # float32 result (E² = EEᵀ takes operands of one unit each)
         ("mixed", torch.bfloat16, 7),
         # its caller holds M̂ and M̂² through the steps, which hold Z, Y, E and a product
         ("polar", None, 6),

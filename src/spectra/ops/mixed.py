@@ -23,6 +23,7 @@ from spectra.ops._common import (
     has_bf16_units,
     matmul,
     pow2_floor,
+    split_bf16_gram,
     split_bf16_matmul,
     wide_view,
 )
@@ -38,8 +39,6 @@ from spectra.ops.polar import (
     gram_square_and_bound,
     output_factor,
 )
-
-Matmul = Callable[[Tensor, Tensor], Tensor]
 
 # soft_clip_mixed runs its steps in bf16 once every singular value of the iterate is at
 # least this (relative to the largest, ≈ 1): the matrix its bf16 steps invert is then
@@ -118,8 +117,9 @@ def soft_clip_mixed(
     ``dtype=torch.bfloat16`` (bf16 first): while ``α ≤ 1e4`` the float32 products (the exact
     steps and the last product) are each three bf16 products with float32 sums
     (:func:`spectra.ops._common.split_bf16_matmul`, about 1e-5 relative error each), and the
-    Gram matrix and ``G²`` two (:func:`spectra.ops._common.split_bf16_gram`), as ``"polar"``
-    does with the same ``dtype``; so every product runs on bf16 units. Beyond that bound it
+    Gram matrix, ``G²`` and each exact step's ``E² = EEᵀ`` two
+    (:func:`spectra.ops._common.split_bf16_gram`), as ``"polar"`` does with the same ``dtype``
+    for the Gram matrix and ``G²``; so every product runs on bf16 units. Beyond that bound it
     works as by default, its Gram matrix formed again in float32. ``dtype=None`` takes this
     route on CUDA for matrices at least ``MIXED_SPLIT_FROM`` (1024) on their smaller side
     (:func:`exact_precision`), and float32 otherwise; ``dtype=torch.float32``/``float64``
@@ -190,15 +190,17 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
             _m_hat(plan, wd, wg, wi),
             coeffs[:exact],
             _first_step(plan, wd, wg, wi),
-            split_bf16_matmul if split else None,
+            split,
         )
     else:
         _m_hat(plan, wd, wg, wi)
         Z, E = None, plan.take_grams()[0]
     if exact < len(coeffs):
-        E16 = E.to(torch.bfloat16)
-        del E  # the bf16 steps see E alone: an m × m temporary less meanwhile
-        W = _coupled_steps(E16, coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
+        # the bf16 steps take E in bf16 unnamed (popped from a list), so that they free it
+        # once used, and E itself goes before them
+        E16 = [E.to(torch.bfloat16)]
+        del E
+        W = _coupled_steps(E16.pop(), coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
         Z = W if Z is None else (split_bf16_matmul if split else torch.bmm)(W, Z)
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
 
@@ -221,13 +223,15 @@ def _first_step(plan: Plan, wd: torch.dtype, wg: Tensor, wi: Tensor) -> Tensor:
     return add_to_diagonal(Z, a - c * wi * wi)
 
 
-def _fused_quintic(E: Tensor, a: float, b: float, c: float, mm: Matmul | None = None) -> Tensor:
+def _fused_quintic(
+    E: Tensor, a: float, b: float, c: float, square: Callable[[Tensor], Tensor] | None = None
+) -> Tensor:
     """``aI + bE + cE²`` for a ``(B, m, m)`` batch with one fused product (``baddbmm``), which
     sums in float32 and rounds once for bf16 E (emulated through float32 on devices without
-    bf16 units, with the same rounding); with ``mm``, ``E²`` is ``mm(E, E)``."""
-    if mm is not None:
-        return add_to_diagonal(torch.add(E, mm(E, E), alpha=c / b).mul_(b) if b else
-                                mm(E, E).mul_(c), a)  # fmt: skip
+    bf16 units, with the same rounding); with ``square``, ``E²`` is ``square(E)`` and the sum
+    is formed in its storage."""
+    if square is not None:
+        return add_to_diagonal(square(E).mul_(c).add_(E, alpha=b), a)
     if E.dtype == torch.bfloat16 and not has_bf16_units(E.device):
         E32 = E.float()
         return add_to_diagonal(torch.baddbmm(E32, E32, E32, beta=b, alpha=c), a).bfloat16()
@@ -238,26 +242,29 @@ def _coupled_steps(
     M_hat: Tensor,
     coeffs: tuple[tuple[float, float, float], ...],
     Z1: Tensor | None = None,
-    mm: Matmul | None = None,
+    split: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``Z = p_K(…)·…·p_1(M̂)`` and, when the first step's ``Z1 = p_1(M̂)`` is given, also
     ``E = Z M̂ Z``, after the ``K = len(coeffs) ≥ 1`` steps of the coupled iteration of
     :func:`spectra.ops.quintics.coupled_inverse_sqrt`, in M̂'s precision (a ``(B, m, m)`` batch;
-    bf16: bf16 products with float32 sums). Without ``Z1`` the first step is one fused
-    product; each later step takes four products (``E = ZY``, ``Q = p(E)``, ``QZ``, ``YQ``),
-    the last one three when E is not wanted. ``mm``: the products (default: by M̂'s dtype)."""
-    quintic_mm = mm
-    if mm is None:
-        mm = bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
+    bf16: bf16 products with float32 sums; ``split``: float32 M̂ by split bf16 products).
+    Without ``Z1`` the first step is one fused product; each later step takes four products
+    (``E = ZY``, ``Q = p(E)``, ``QZ``, ``YQ``), the last one three when E is not wanted.
+    ``ZQ`` would equal ``QZ`` (Z, Y and Q are polynomials in M̂), but the coupled iteration is
+    stable in this order alone: with ``ZQ`` a spike of 1e5c (float64) diverged. E is symmetric
+    (``Z M̂ Z``), and split products form ``E² = EEᵀ`` from two bf16 products
+    (:func:`~spectra.ops._common.split_bf16_gram`)."""
+    square = split_bf16_gram if split else None
+    mm = split_bf16_matmul if split else bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
     want_e = Z1 is not None
-    Z = _fused_quintic(M_hat, *coeffs[0], quintic_mm) if Z1 is None else Z1
+    Z = _fused_quintic(M_hat, *coeffs[0], square) if Z1 is None else Z1
     del Z1  # Z alone holds it: the second step frees it
     if len(coeffs) == 1 and not want_e:
         return Z, None
     Y = mm(M_hat, Z)
     del M_hat  # the caller passes it unnamed: freed from here on
     for k, (a, b, cc) in enumerate(coeffs[1:], start=2):
-        Q = _fused_quintic(mm(Z, Y), a, b, cc, quintic_mm)
+        Q = _fused_quintic(mm(Z, Y), a, b, cc, square)
         Z = mm(Q, Z)
         if want_e or k < len(coeffs):
             Y = mm(Y, Q)
