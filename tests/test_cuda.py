@@ -124,6 +124,28 @@ def test_mixed_on_cuda_takes_split_bf16_products_for_large_matrices(dtype, gpu):
     assert torch.equal(soft_clip(small, C, method="mixed"), plain)
 
 
+#: kind of ``spectra bench products`` -> its error bound relative to ``|A||B|`` (CUDA sums)
+PRODUCT_TOL = {"fp32": 1e-5, "bf16": 8e-3, "bf16-fp32": 1e-5, "split": 4e-5, "split-gram": 4e-5}
+
+
+@pytest.mark.parametrize("kind", PRODUCT_TOL)
+def test_each_product_of_bench_products_on_cuda_is_the_product_it_names(kind, gpu):
+    """The forms the clip's products take on CUDA (``bf16-fp32``: one bf16 product with a
+    float32 result, ``out_dtype``), against the float64 product of the same operands (of
+    their bf16 copies for the bf16 kinds)."""
+    from spectra_lab.bench import products
+
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(2, 96, 160, generator=g), torch.randn(2, 160, 64, generator=g)
+    out = products.operations(A.to(gpu), B.to(gpu))[kind]().cpu()
+    if kind.startswith("bf16"):
+        A, B = A.bfloat16(), B.bfloat16()
+    A64, B64 = A.double(), (A.mT if kind == "split-gram" else B).double()
+    scale = A64.abs() @ B64.abs()
+    assert out.dtype == (torch.bfloat16 if kind == "bf16" else torch.float32)
+    assert ((out.double() - A64 @ B64).abs() <= PRODUCT_TOL[kind] * scale).all()
+
+
 #: method -> (steps, σ/‖X‖_F kept, band of the kept singular values): orthogonalize's docstring
 BANDS = {"polar_express": (6, 1e-3, (0.9986, 1.0014)), "muon": (5, 1e-2, (0.68, 1.14))}
 

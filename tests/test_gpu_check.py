@@ -20,10 +20,11 @@ ABOUT = {"date": "d", "gpu": "g", "gpus": 1, "torch": "t", "cuda": "c", "python"
 
 def test_the_parts_that_time_the_step_beside_its_peers_run_first():
     names = list(gpu_check.PARTS)
-    assert names[:5] == [
-        "bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable", "tests"
+    assert names[:6] == [
+        "bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable", "tests",
+        "bench_products",
     ]  # fmt: skip
-    assert names[5:] == ["train", "overhead", "bench_ops", "bench_optim_tf32", "bench_ops_tf32"]
+    assert names[6:] == ["train", "overhead", "bench_ops", "bench_optim_tf32", "bench_ops_tf32"]
     # both bench optim sizes time torch's Muon, fused AdamW and D-Muon beside SPECTRA
     for args in (gpu_check.OPTIM_ARGS, gpu_check.OPTIM_780M_ARGS):
         methods = args[args.index("--methods") + 1 :]
@@ -85,12 +86,14 @@ def test_the_default_budget_runs_the_measuring_parts_and_never_overruns(monkeypa
     assert list(given) == ["bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable"]
     assert index["parts"]["tests"] == {"status": "not run", "reason": "20 s of budget left"}
     assert spent == 370
-    # parts as long as the H200's run of the same parts took, a third longer (an H100), and
-    # 70 s for the capturable part (an estimate: its compilation): the five measuring parts
-    # run, the 34 s left start nothing more (bench_ops needs 48)
+    # parts as long as the H200's run of the same parts took, a third longer (an H100), 70 s
+    # for the capturable part (an estimate: its compilation) and 12 s for the products (an
+    # estimate: one process, a few ms of products): the six measuring parts run, the 22 s left
+    # start nothing more (train needs 160)
     h100 = {
         "bench_optim": 55.0,
         "bench_optim_780m": 75.0,
+        "bench_products": 12.0,
         "profile": 20.0,
         "bench_optim_capturable": 70.0,
         "tests": 136.0,
@@ -102,10 +105,11 @@ def test_the_default_budget_runs_the_measuring_parts_and_never_overruns(monkeypa
     }
     given, index, spent = _fake_run(monkeypatch, tmp_path, h100, gpu_check.DEFAULT_BUDGET)
     assert list(given) == [
-        "bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable", "tests"
+        "bench_optim", "bench_optim_780m", "profile", "bench_optim_capturable", "tests",
+        "bench_products",
     ]  # fmt: skip
-    assert index["parts"]["train"] == {"status": "not run", "reason": "34 s of budget left"}
-    assert spent == 55 + 75 + 20 + 70 + 136 <= 360  # about six minutes
+    assert index["parts"]["train"] == {"status": "not run", "reason": "22 s of budget left"}
+    assert spent == 55 + 75 + 12 + 20 + 70 + 136 <= 370  # about six minutes
     # a larger budget gives the rest their turn, in order
     given, _, _ = _fake_run(monkeypatch, tmp_path, h100, 800.0)
     assert list(given) == list(gpu_check.PARTS)

@@ -28,6 +28,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "spectra_lab.bench.step",
         "a training step's time and the optimizer's share (the paper's timing table)",
     ),
+    "products": (
+        "spectra_lab.bench.products",
+        "the rate of each kind of matrix product the soft clip runs (float32, bf16, split)",
+    ),
 }
 
 

@@ -22,6 +22,10 @@ beside its peers first:
 ``tests.json``                ``pytest -m cuda``: every operator and optimizer on CUDA in
                               float32 and bf16, bf16 autocast, ``torch.compile`` of the step,
                               NCCL with world size 1 through the FSDP2 path and the trainer
+``bench_products.json``      ``spectra bench products``: one batched product of the clip's
+                              shapes (124M and 780M) in each form, float32, bf16, bf16 with
+                              a float32 result, split bf16 and the split Gram matrix: time
+                              and TFLOP/s
 ``train.json``                the 124M model, ``TRAIN_STEPS`` steps under bf16 autocast, eager
                               and ``torch.compile``-d, Spectra-AdamW against torch AdamW:
                               tokens/s, MFU and peak memory (median over the steps after the
@@ -125,6 +129,9 @@ OPTIM_780M_ARGS = (
     "spectra-adamw", "spectra-adamw-polar", "spectra-adamw-mixed", "spectra-adamw-mixed-bf16",
     "spectra-adamw-mixed-fp32", "--repeats", "4", "--warmup", "2", "--no-memory",
 )  # fmt: skip
+#: The products of the clip in each form, at the batch shapes of its 124M and 780M steps
+#: (``spectra_lab.bench.products.DEFAULT_SHAPES``)
+PRODUCTS_ARGS = ("--repeats", "10")
 #: The step without host reads (eager, compiled whole, in a CUDA graph) and ``polar``'s
 #: bf16-first products beside the default step at the 124M shapes, with their memory
 #: (``mixed``'s bf16-first products are timed at both sizes above, where a failed compile
@@ -280,6 +287,19 @@ def check_bench_optim(out: Path, timeout: float, tf32: bool, size: str = "") -> 
     }  # fmt: skip
 
 
+def check_bench_products(out: Path, timeout: float) -> dict[str, Any]:
+    """``bench products``: the rate of each form of the clip's products at its batch shapes."""
+    name = "bench_products.json"
+    cmd = spectra_command("bench", "products", "--device", "cuda", *PRODUCTS_ARGS, "--json",
+                          str(out / name))  # fmt: skip
+    status, output = run_process(cmd, timeout)
+    if status != 0 or not (out / name).exists():
+        return failed(status, output)
+    rows = json.loads((out / name).read_text())["rows"]
+    tflops = {f"{r['shape']} {r['kind']}": round(r["tflops"], 1) for r in rows}
+    return {"status": "passed", "file": name, "tflops": tflops}
+
+
 def check_profile(out: Path, timeout: float) -> dict[str, Any]:
     """``torch.profiler``'s top kernels of one default Spectra-AdamW step at the 124M shapes."""
     cmd = spectra_command("bench", "optim", "--device", "cuda", *PROFILE_ARGS, "--profile",
@@ -422,6 +442,7 @@ PARTS: dict[str, tuple[Callable[[Path, float], dict[str, Any]], float]] = {
         100.0,
     ),
     "tests": (check_tests, 200.0),
+    "bench_products": (check_bench_products, 30.0),
     "train": (check_training, 200.0),
     "overhead": (check_overhead, 240.0),  # two compiled runs of ~50 s, the capturable ~120 s
     "bench_ops": (lambda out, t: check_bench_ops(out, t, tf32=False), 60.0),

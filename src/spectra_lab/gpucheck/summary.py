@@ -88,6 +88,8 @@ def markdown_summary(folder: str | Path) -> str:
                           ("780m", "780M shapes (float32 parameters, median of 4)")):  # fmt: skip
         lines += optim_table(parts, size, heading)
     lines += capturable_table(parts.get(optim_part("capturable", False), {}))
+    if "bench_products.json" in ran:
+        lines += products_table(json.loads((folder / "bench_products.json").read_text()))
     if parts.get("profile", {}).get("status") == "passed":
         lines += [f"One default Spectra-AdamW step at the 124M shapes under `torch.profiler`, "
                   f"its top 30 kernels by CUDA time: `{PROFILE_FILE}`.", ""]  # fmt: skip
@@ -107,6 +109,15 @@ def markdown_summary(folder: str | Path) -> str:
             lines.append(f"| `{m}` | {ratio:.2f} | {tf32[m][0]:.2f} | {err32:.1e} | {err16:.1e} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def products_table(report: dict[str, Any]) -> list[str]:
+    """The clip's products in each form (``bench_products.json``)."""
+    from spectra_lab.bench.products import format_table
+
+    return [f"One batched product of the clip's shapes in each form (`bench products`, median "
+            f"of {report['repeats']}; TFLOP/s of the product's own flops):", "",
+            format_table(report["rows"]), ""]  # fmt: skip
 
 
 def train_table(train: dict[str, Any]) -> list[str]:
