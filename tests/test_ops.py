@@ -222,6 +222,29 @@ def test_mixed_flops_are_the_products_the_method_runs(monkeypatch, spike, shape)
     assert counted.flops.get(torch.bfloat16, 0) == half
 
 
+@pytest.mark.parametrize("spike", [1.5, 10.0, 60.0])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 40)])
+def test_mixed_split_flops_are_the_bf16_products_the_method_runs(spike, shape):
+    # along the CUDA code path a split product is one bf16 product over three times the inner
+    # dimension (twice for the Gram matrix, G² and E²): all flops in bf16, none in float32
+    from spectra.ops import polar
+    from spectra.ops._common import wide_view
+    from spectra.ops.mixed import exact_steps as _mixed_exact_steps
+    from spectra_lab.bench.flops import mixed_split_flops
+    from spectra_lab.bench.live_bytes import gpu_code_path
+
+    c = 0.7
+    X = spiked(shape, c, spike, kind="gauss")
+    with gpu_code_path(), _ProductFlops() as counted:
+        soft_clip(X, c, method="mixed", ns_dtype=torch.bfloat16)
+    alpha = float(polar.gram_state(wide_view(X)[0], c, None).request[0])
+    assert alpha <= polar.POLAR_SPLIT_MAX_ALPHA  # the split route ran
+    ell = math.sqrt(1.0 / alpha)
+    coeffs = inverse_sqrt_schedule(ell, 1e-3)
+    flops = mixed_split_flops(shape, len(coeffs), _mixed_exact_steps(coeffs, ell))
+    assert counted.flops == {torch.bfloat16: flops}
+
+
 @pytest.mark.parametrize("spike", [0.5, 30.0, 1e3])
 @pytest.mark.parametrize("shape", [(48, 96), (96, 40), (3, 32, 32)])
 def test_mixed_gram_factor_from_g_alone_gives_the_single_process_clip(spike, shape):

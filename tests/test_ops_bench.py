@@ -264,6 +264,24 @@ def test_gpu_model_counts_the_flops_and_launches_of_both_methods(capsys):
     ms = split_flops / (0.5 * 989e12) * 1e3 + split["launches"] * 10e-3
     assert split["ms"] == pytest.approx(ms)
     assert "polar-bf16x3" not in gpu_model.step_model("124m", 300.0)  # α > 1e4: float32
+    # the CUDA default at 780M (split products for mixed) and torch's Muon, the 780M bar's
+    # reference: five steps of XXᵀ, A² and BX on each hidden matrix, one matrix at a time
+    from spectra.ops.mixed import exact_steps
+    from spectra.ops.quintics import inverse_sqrt_schedule
+    from spectra_lab.bench.flops import mixed_split_flops
+
+    ell = 1.0 / math.sqrt(1.0 + 30.0**2)
+    exact = exact_steps(inverse_sqrt_schedule(ell, 1e-3), ell)
+    split = rows["mixed-bf16x3"]
+    assert split["gflop"] == pytest.approx(sum(mixed_split_flops(s, k, exact) for s in mats) / 1e9)
+    assert split["launches"] == len(set(mats)) * gpu_model.count_kernels("mixed-bf16x3", 30.0)
+    hidden = [(m, n) for m, n in mats if n < 10000]
+    assert len(hidden) == 12 * 7
+    muon = rows["torch-muon"]
+    muon_flops = sum(5 * (4 * m * m * n + 2 * m**3) for m, n in hidden)
+    assert muon["gflop"] == pytest.approx(muon_flops / 1e9)
+    assert muon["launches"] == len(hidden) * gpu_model.muon_launches()
+    assert 5 * 3 < gpu_model.muon_launches() < 60  # at least its 15 products
     assert main(["bench", "gpu-model", "--sigma-over-c", "10"]) == 0
     assert "| 780m | 10 | polar-fp32" in capsys.readouterr().out
     assert main(["bench", "gpu-model", "--efficiency", "2"]) == 2

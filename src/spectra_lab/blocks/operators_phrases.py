@@ -48,7 +48,7 @@ def _h200_runs(root: Path) -> list[dict]:
 def _model_rows(root: Path, method: str, model: str) -> list[float]:
     rows = json_of(root, "docs/data/gpu_model_h100.json")["rows"]
     return [r["vs_paper_bf16"] for r in rows
-            if r["method"].startswith(method) and r["model"] == model]  # fmt: skip
+            if r["method"] == method and r["model"] == model]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- methods
@@ -365,6 +365,19 @@ def model_split(root: Path) -> str:
     return f"{a:.2f}× (124M) and {b:.2f}× (780M)"
 
 
+def model_vs_muon(root: Path) -> str:
+    """The CUDA default at 780M (``mixed`` by split bf16 products) against ``torch.optim.Muon``
+    in the H100 model, at σ_max/c = 30 (``docs/data/gpu_model_h100.json``)."""
+    rows = json_of(root, "docs/data/gpu_model_h100.json")["rows"]
+    pick = {r["method"]: r for r in rows if r["model"] == "780m" and r["sigma_over_c"] == 30}
+    split, muon = pick["mixed-bf16x3"], pick["torch-muon"]
+    return (
+        f"{split['ms'] / muon['ms']:.2f}× `torch-muon` ({split['ms']:.0f} against "
+        f"{muon['ms']:.0f} ms: {split['gflop'] / muon['gflop']:.2f}× its flops, "
+        f"{split['launches']:.0f} against {muon['launches']:.0f} launches)"
+    )
+
+
 # --------------------------------------------------------------------------- soft clip vs orth
 
 
@@ -540,6 +553,7 @@ OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
     "data:operators-model-polar-124m": model_polar_124m,
     "data:operators-model-polar-780m": model_polar_780m,
     "data:operators-model-split": model_split,
+    "data:operators-model-vs-muon": model_vs_muon,
     "data:operators-ssc-rates": ssc_rates,
     "data:operators-ssc-muon-bf16": ssc_muon_bf16,
     "data:operators-ssc-like": ssc_like,

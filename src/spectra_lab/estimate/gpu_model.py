@@ -15,6 +15,12 @@ matrix-product flops and the kernel launches of
 * ``mixed``: ``soft_clip(method="mixed")``, its Gram matrix and first steps in float32
   (float64 past α = 1e5, at the same H100 rate) and the rest in bf16
   (:func:`~spectra_lab.bench.flops.mixed_flops`);
+* ``mixed-bf16x3``: the same with split bf16 products for its float32 ones (the CUDA default
+  for matrices of smaller side 1024 or more, so at 780M;
+  :func:`~spectra_lab.bench.flops.mixed_split_flops`), while α ≤ 1e4;
+* ``torch-muon``: ``torch.optim.Muon``'s five bf16 Newton–Schulz steps on each hidden matrix
+  (both sides under ``MUON_MAX_DIM``, as ``bench optim``'s ``torch-muon`` row runs it: the
+  embedding and the head go to AdamW), one matrix at a time, the reference of the 780M bar;
 
 and turns them into time with ``t = flops / (efficiency · peak) + launches · t_launch``.
 The peaks are NVIDIA's H100 SXM figures (dense): bf16 989 TFLOP/s, TF32 495, float32 67,
@@ -26,10 +32,13 @@ Launch counts are counted, not estimated: :func:`count_kernels` runs the operato
 small CPU matrix with the same σ_max/c (so the same schedule) and counts the aten operations
 it dispatches that compute something (views, allocations and host reads left out), taking
 one launch per operation (``mixed`` counted as on a device with bf16 units, one launch per
-bf16 product). For ``polar-bf16x3`` the CPU emulates each bf16 product with two
-float32 conversions and a float32 product, where a GPU runs one product: two launches per
-product are taken off. The paper's wrapper adds 6 launches per matrix (clone, recovery of
-the direction, update), counted by hand.
+bf16 product; ``mixed-bf16x3`` along the CUDA code path of
+:func:`spectra_lab.bench.live_bytes.gpu_code_path`, a split product one launch). For
+``polar-bf16x3`` the CPU emulates each bf16 product with two float32 conversions and a
+float32 product, where a GPU runs one product: two launches per product are taken off. The
+paper's wrapper adds 6 launches per matrix (clone, recovery of the direction, update), counted
+by hand; ``torch-muon``'s are those of one ``torch.optim.Muon`` step on one matrix, times the
+hidden matrices.
 """
 
 from __future__ import annotations
@@ -46,12 +55,14 @@ from spectra.ops import _common, mixed, soft_clip, soft_clip_paper
 from spectra.ops.mixed import exact_steps
 from spectra.ops.polar import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
 from spectra.ops.quintics import inverse_sqrt_schedule
-from spectra_lab.bench.flops import matmul_flops, mixed_flops
+from spectra.optim.baselines.dmuon import MUON_MAX_DIM
+from spectra_lab.bench.flops import matmul_flops, mixed_flops, mixed_split_flops
 from spectra_lab.bench.optim import llama_shapes
 from spectra_lab.bench.tables import markdown_table
 
 PEAK_TFLOPS = {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0, "fp64": 67.0}
 WRAPPER_LAUNCHES = 6  # the paper wrapper's clone, recovery and update, per matrix
+MUON_STEPS = 5  # torch.optim.Muon's Newton–Schulz steps (its default ns_steps)
 #: Operations that launch no kernel: allocations, autograd bookkeeping, the host read of α.
 NO_KERNEL = ("empty", "empty_like", "empty_strided", "detach", "lift_fresh", "_local_scalar_dense")
 #: Presets' (layers, d_model, SwiGLU hidden, vocabulary), from spectra_lab.model.llama.
@@ -95,9 +106,16 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
         "polar": lambda: soft_clip(X, 1.0, method="polar"),
         "polar-bf16x3": lambda: soft_clip(X, 1.0, method="polar", ns_dtype=torch.bfloat16),
         "mixed": lambda: soft_clip(X, 1.0, method="mixed"),
+        "mixed-bf16x3": lambda: soft_clip(X, 1.0, method="mixed", ns_dtype=torch.bfloat16),
     }
     if method not in calls:
         raise ValueError(f"no kernel count for {method!r}")
+    if method == "mixed-bf16x3":  # the CUDA code path: a split product is one launch
+        from spectra_lab.bench.live_bytes import gpu_code_path
+
+        with gpu_code_path(), _KernelCounter() as counter:
+            calls[method]()
+        return sum(counter.ops.values())
     # bf16 products as on a device with bf16 units (one launch each), whatever this CPU has
     with (
         _KernelCounter() as counter,
@@ -113,6 +131,20 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
 
 def _yes(device: torch.device) -> bool:
     return True
+
+
+@functools.cache
+def muon_launches(shape: tuple[int, int] = (32, 64)) -> int:
+    """Kernel launches of one ``torch.optim.Muon`` step on one matrix (its state made by a first
+    step), counted on the CPU."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.randn(shape, generator=gen, requires_grad=True)
+    p.grad = torch.randn(shape, generator=gen)
+    opt = torch.optim.Muon([p], lr=0.02, momentum=0.95)
+    opt.step()
+    with _KernelCounter() as counter:
+        opt.step()
+    return sum(counter.ops.values())
 
 
 def polar_steps_for(sigma_over_c: float, tol: float = POLAR_TOL) -> int:
@@ -148,6 +180,13 @@ def step_model(
     )
     mixed_l = batches * count_kernels("mixed", sigma_over_c)
     rows.append(("mixed", (full, half), mixed_l, (PEAK_TFLOPS["fp32"], PEAK_TFLOPS["bf16"])))
+    if alpha <= POLAR_SPLIT_MAX_ALPHA:
+        split_f = sum(mixed_split_flops((m, n), steps, exact) for m, n in mats)
+        split_l = batches * count_kernels("mixed-bf16x3", sigma_over_c)
+        rows.append(("mixed-bf16x3", split_f, split_l, PEAK_TFLOPS["bf16"]))
+    hidden = [(m, n) for m, n in mats if n < MUON_MAX_DIM]
+    muon_f = sum(matmul_flops("orth", (m, n), MUON_STEPS) for m, n in hidden)
+    rows.append(("torch-muon", muon_f, len(hidden) * muon_launches(), PEAK_TFLOPS["bf16"]))
     out = {}
     for name, flops, launches, peak in rows:
         parts = zip(flops, peak, strict=True) if isinstance(flops, tuple) else [(flops, peak)]
@@ -162,8 +201,9 @@ def step_model(
             "ms": t_math + t_launch,
         }
     for name in out:
-        if name.startswith("polar") or name == "mixed":
+        if name.startswith(("polar", "mixed")):
             out[name]["steps"] = steps
+    out["torch-muon"]["steps"] = MUON_STEPS
     return out
 
 
