@@ -92,9 +92,10 @@ def test_the_batch_and_wave_fractions_bound_the_gpu_steps_peak(capturable, monke
         # Z, Y, the step's polynomial Q and the product being formed: no G or G² through the
         # steps (M̂ and the first step are formed in their storage and freed once used)
         ("mixed", None, 4),
-        # Z, Y, Q, the split operands of QZ (1.5 units each: three bf16 halves) and its
-        # float32 result (E² = EEᵀ takes operands of one unit each)
-        ("mixed", torch.bfloat16, 7),
+        # two of Z, Y and Q, the split operands of a product (1.5 units each: three bf16
+        # halves) and its float32 result: the operand a product replaces (Z in QZ, Y in YQ)
+        # goes once split
+        ("mixed", torch.bfloat16, 6),
         # its caller holds M̂ and M̂² through the steps, which hold Z, Y, E and a product
         ("polar", None, 6),
     ],

@@ -200,19 +200,36 @@ def split_bf16_matmul(A: Tensor, B: Tensor) -> Tensor:
     """
     rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
     if max(rows, cols) <= SPLIT_BLOCKS * inner:
-        return bf16_products_fp32(_split_concat(A, -1, (1, 1, 2)), _split_concat(B, -2, (1, 2, 1)))
+        return split_bf16_product(split_bf16_left(A), split_bf16_right(B))
     batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
     out = torch.empty(*batch, rows, cols, dtype=torch.float32, device=A.device)
     if cols >= rows:  # B's column blocks against the whole of A, split once
-        lhs = _split_concat(A, -1, (1, 1, 2))
+        lhs = split_bf16_left(A)
         for s in _long_blocks(cols, inner):
-            out[..., s].copy_(bf16_products_fp32(lhs, _split_concat(B[..., s], -2, (1, 2, 1))))
+            out[..., s].copy_(split_bf16_product(lhs, split_bf16_right(B[..., s])))
     else:  # A's row blocks against the whole of B
-        rhs = _split_concat(B, -2, (1, 2, 1))
+        rhs = split_bf16_right(B)
         for s in _long_blocks(rows, inner):
-            lhs = _split_concat(A[..., s, :], -1, (1, 1, 2))
-            out[..., s, :].copy_(bf16_products_fp32(lhs, rhs))
+            out[..., s, :].copy_(split_bf16_product(split_bf16_left(A[..., s, :]), rhs))
     return out
+
+
+def split_bf16_left(A: Tensor) -> Tensor:
+    """``[A₁ A₁ A₂]`` (bf16): A's parts as the left operand of :func:`split_bf16_matmul`. Split
+    apart from the product (:func:`split_bf16_product`), an operand that the product replaces
+    can be freed before the product runs."""
+    return _split_concat(A, -1, (1, 1, 2))
+
+
+def split_bf16_right(B: Tensor) -> Tensor:
+    """``[B₁; B₂; B₁]`` (bf16): B's parts as the right operand of :func:`split_bf16_matmul`."""
+    return _split_concat(B, -2, (1, 2, 1))
+
+
+def split_bf16_product(left: Tensor, right: Tensor) -> Tensor:
+    """``A @ B`` (float32) from the parts :func:`split_bf16_left` and :func:`split_bf16_right`
+    made of A and B: one bf16 product over the concatenated inner dimension."""
+    return bf16_products_fp32(left, right)
 
 
 def split_bf16_gram(X: Tensor) -> Tensor:

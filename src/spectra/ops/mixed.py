@@ -24,7 +24,10 @@ from spectra.ops._common import (
     matmul,
     pow2_floor,
     split_bf16_gram,
+    split_bf16_left,
     split_bf16_matmul,
+    split_bf16_product,
+    split_bf16_right,
     wide_view,
 )
 from spectra.ops.base import POLAR_TOL, ClipMethod, Options, apply_checked
@@ -265,9 +268,21 @@ def _coupled_steps(
     del M_hat  # the caller passes it unnamed: freed from here on
     for k, (a, b, cc) in enumerate(coeffs[1:], start=2):
         Q = _fused_quintic(mm(Z, Y), a, b, cc, square)
-        Z = mm(Q, Z)
-        if want_e or k < len(coeffs):
-            Y = mm(Y, Q)
+        more = want_e or k < len(coeffs)
+        if split:  # the parts of the operand a product replaces first, and it freed before the
+            parts = split_bf16_right(Z)  # product: the split operands outweigh it
+            Z = None
+            Z = split_bf16_product(split_bf16_left(Q), parts)
+            del parts
+            if more:
+                parts = split_bf16_left(Y)
+                Y = None
+                Y = split_bf16_product(parts, split_bf16_right(Q))
+                del parts
+        else:
+            Z = mm(Q, Z)
+            if more:
+                Y = mm(Y, Q)
         del Q  # the next step's quintic would otherwise hold two Q at once
     return Z, (mm(Z, Y) if want_e else None)
 
