@@ -320,7 +320,7 @@ def test_a_signal_stops_the_sweep_at_a_checkpoint_and_the_same_command_goes_on(
     """SIGTERM to the sweep alone (``kill PID``) or Ctrl-C to its process group: the running run
     writes a checkpoint, no other run starts, no process outlives the sweep, and the same
     command then finishes every run, the stopped one resumed."""
-    steps = 2000
+    steps = 400  # the signal comes after the first step is logged, well before the last
     args, first, second = two_runs(tmp_path, dataset, steps)
     sweep = start_once_running(args, first)
     if whole_group:
@@ -358,7 +358,7 @@ def test_a_run_whose_process_dies_is_reported_and_the_others_go_on(tmp_path, dat
     """A run's process killed outright (SIGKILL, as the out-of-memory killer sends) cannot
     report how it ended: the sweep names it as failed with its exit code, trains the next run
     and ends with status 1."""
-    args, first, second = two_runs(tmp_path, dataset, steps=2000)
+    args, first, second = two_runs(tmp_path, dataset, steps=400)
     sweep = start_once_running(args, first)
     children = Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()
     (worker,) = [
