@@ -556,11 +556,12 @@ def test_a_capturable_step_with_expert_stacks_and_fused_blocks_compiles_whole():
         {"clip_c": 0.5, "pre_clip_c": 2.0, "chunk_elements": 500},
         {"post": "orthogonalize", "clip_method": "muon"},
         {"clip_c": 0.5, "clip_method": "paper"},
+        {"clip_c": 0.5, "clip_method": "mixed", "clip_ns_dtype": torch.bfloat16},
     ],
 )
 def test_capturable_settings_compile_whole_and_match_eager(kw):
-    # pre-clipping, chunks, orthogonalization and the paper's algorithm through the step
-    # without host reads, compiled whole
+    # pre-clipping, chunks, orthogonalization, the paper's algorithm and split bf16 products
+    # (three parts) through the step without host reads, compiled whole
     torch._dynamo.reset()
     make = lambda ps: so.AdamW(ps, lr=1e-2, capturable=True, **kw)  # noqa: E731
     eager, _ = train(make, steps=3)

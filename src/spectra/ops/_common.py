@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -187,89 +188,155 @@ def _long_blocks(long: int, short: int) -> list[slice]:
     return [slice(j, min(long, j + width)) for j in range(0, long, width)]
 
 
-def split_bf16_matmul(A: Tensor, B: Tensor) -> Tensor:
-    r"""``A @ B`` for float32 matrices from bf16 tensor-core products: ``A₁B₁ + A₁B₂ + A₂B₁``.
+def split_bf16_matmul(A: Tensor, B: Tensor, parts: int = 2) -> Tensor:
+    r"""``A @ B`` for float32 matrices from bf16 tensor-core products with float32 sums.
 
-    With the splits of :func:`split_bf16` the dropped terms (``A₂B₂`` and the remainders) are
-    about ``3·2⁻¹⁸ ≈ 1.1e-5`` of ``|A||B|`` entrywise: much closer to float32 (``6e-8``) than a
-    plain bf16 product (``4e-3``), at three bf16 products' cost. The three products run as one,
-    over the concatenated inner dimension ``[A₁ A₁ A₂] @ [B₁; B₂; B₁]``, in blocks of B's columns
-    or A's rows where they exceed ``SPLIT_BLOCKS`` times the inner dimension. This is the
-    split-precision idea of Ootomo and Yokota, "Recovering single precision accuracy from Tensor
-    Cores while surpassing the FP32 theoretical peak performance" (2022), with bf16 parts.
+    ``parts=2``: ``A₁B₁ + A₁B₂ + A₂B₁`` with the splits of :func:`split_bf16`; the dropped
+    terms (``A₂B₂`` and the remainders) are about ``3·2⁻¹⁸ ≈ 1.1e-5`` of ``|A||B|``
+    entrywise: much closer to float32 (``6e-8``) than a plain bf16 product (``4e-3``), at
+    three bf16 products' cost, which run as one over the concatenated inner dimension
+    ``[A₁ A₁ A₂] @ [B₁; B₂; B₁]``. This is the split-precision idea of Ootomo and Yokota,
+    "Recovering single precision accuracy from Tensor Cores while surpassing the FP32
+    theoretical peak performance" (2022), with bf16 parts.
+
+    ``parts=3``: ``A ≈ A₁ + A₂ + A₃`` (each the bf16 rounding of what the parts before it
+    leave, 24 significand bits in all) and the six terms whose parts' orders sum to at most
+    four, ``A₁B₁ + (A₁B₂ + A₂B₁) + (A₁B₃ + A₂B₂ + A₃B₁)``; the dropped ones are about
+    ``2⁻²⁴`` of ``|A||B|``, float32's own rounding. This is the "bf16x6" product of Henry,
+    Tang and Heinecke, "Leveraging the bfloat16 Artificial Intelligence Datatype For
+    Higher-Precision Computations" (ARITH 2019), at six bf16 products' cost.
+
+    Both run in blocks of B's columns or A's rows where they exceed ``SPLIT_BLOCKS`` times
+    the inner dimension.
     """
     rows, inner, cols = A.shape[-2], A.shape[-1], B.shape[-1]
+    left, right = partial(split_bf16_left, parts=parts), partial(split_bf16_right, parts=parts)
+    product = partial(split_bf16_product, parts=parts)
     if max(rows, cols) <= SPLIT_BLOCKS * inner:
-        return split_bf16_product(split_bf16_left(A), split_bf16_right(B))
+        return product(left(A), right(B))
     batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
     out = torch.empty(*batch, rows, cols, dtype=torch.float32, device=A.device)
     if cols >= rows:  # B's column blocks against the whole of A, split once
-        lhs = split_bf16_left(A)
+        lhs = left(A)
         for s in _long_blocks(cols, inner):
-            out[..., s].copy_(split_bf16_product(lhs, split_bf16_right(B[..., s])))
+            out[..., s].copy_(product(lhs, right(B[..., s])))
     else:  # A's row blocks against the whole of B
-        rhs = split_bf16_right(B)
+        rhs = right(B)
         for s in _long_blocks(rows, inner):
-            out[..., s, :].copy_(split_bf16_product(split_bf16_left(A[..., s, :]), rhs))
+            out[..., s, :].copy_(product(left(A[..., s, :]), rhs))
     return out
 
 
-def split_bf16_left(A: Tensor) -> Tensor:
-    """``[A₁ A₁ A₂]`` (bf16): A's parts as the left operand of :func:`split_bf16_matmul`. Split
-    apart from the product (:func:`split_bf16_product`), an operand that the product replaces
-    can be freed before the product runs."""
-    return _split_concat(A, -1, (1, 1, 2))
+#: The order of the parts in the concatenated operands of split products, by parts:
+#: (left, right). With three parts, ``[A₁ A₂ A₃]`` against ``[B₃; B₂; B₁]`` gives the terms
+#: of order four, and leading slices of the two the lower orders (:func:`split_bf16_product`).
+_SPLIT_ORDER = {2: ((1, 1, 2), (1, 2, 1)), 3: ((1, 2, 3), (3, 2, 1))}
 
 
-def split_bf16_right(B: Tensor) -> Tensor:
-    """``[B₁; B₂; B₁]`` (bf16): B's parts as the right operand of :func:`split_bf16_matmul`."""
-    return _split_concat(B, -2, (1, 2, 1))
+def _check_parts(parts: int) -> None:
+    if parts not in _SPLIT_ORDER:
+        raise ValueError(f"parts must be 2 or 3, got {parts!r}")
 
 
-def split_bf16_product(left: Tensor, right: Tensor) -> Tensor:
+def split_bf16_left(A: Tensor, parts: int = 2) -> Tensor:
+    """A's bf16 parts as the left operand of :func:`split_bf16_matmul`: ``[A₁ A₁ A₂]``, or
+    ``[A₁ A₂ A₃]`` with three parts. Split apart from the product
+    (:func:`split_bf16_product`), an operand that the product replaces can be freed before the
+    product runs."""
+    _check_parts(parts)
+    return _split_concat(A, -1, _SPLIT_ORDER[parts][0])
+
+
+def split_bf16_right(B: Tensor, parts: int = 2) -> Tensor:
+    """B's bf16 parts as the right operand of :func:`split_bf16_matmul`: ``[B₁; B₂; B₁]``, or
+    ``[B₃; B₂; B₁]`` with three parts."""
+    _check_parts(parts)
+    return _split_concat(B, -2, _SPLIT_ORDER[parts][1])
+
+
+def split_bf16_product(left: Tensor, right: Tensor, parts: int = 2) -> Tensor:
     """``A @ B`` (float32) from the parts :func:`split_bf16_left` and :func:`split_bf16_right`
-    made of A and B: one bf16 product over the concatenated inner dimension."""
-    return bf16_products_fp32(left, right)
+    made of A and B: with two parts one bf16 product over the concatenated inner dimension;
+    with three, the terms of order four (``[A₁ A₂ A₃]·[B₃; B₂; B₁]``), then those of order
+    three (``[A₁ A₂]·[B₂; B₁]``) and ``A₁B₁``, the smallest first."""
+    _check_parts(parts)
+    if parts == 2:
+        return bf16_products_fp32(left, right)
+    k = left.shape[-1] // 3
+    out = bf16_products_fp32(left, right)
+    out.add_(bf16_products_fp32(left[..., : 2 * k], right[..., k:, :]))
+    return out.add_(bf16_products_fp32(left[..., :k], right[..., 2 * k :, :]))
 
 
-def split_bf16_gram(X: Tensor) -> Tensor:
+def split_bf16_gram(X: Tensor, parts: int = 2) -> Tensor:
     r"""``X Xᵀ`` from bf16 tensor-core products with float32 sums, as accurate as
-    :func:`split_bf16_matmul` at two thirds of its flops.
+    :func:`split_bf16_matmul` with as many ``parts``, at two thirds of its flops.
 
-    With the split ``X ≈ X₁ + X₂`` of :func:`split_bf16`, the three terms
-    ``X₁X₁ᵀ + X₁X₂ᵀ + X₂X₁ᵀ`` are ``C + Cᵀ`` for ``C = X₁X₁ᵀ/2 + X₂X₁ᵀ``, one product over the
-    concatenated inner dimension ``[X₁ X₂] @ [X₁/2 X₁]ᵀ`` (halving a bf16 number is exact),
-    summed over blocks of X's columns where they exceed ``SPLIT_BLOCKS`` times its rows. The
-    result is exactly symmetric, so the square of a symmetric matrix S (``S² = SSᵀ``) is formed
-    the same way."""
+    With two parts the three terms ``X₁X₁ᵀ + X₁X₂ᵀ + X₂X₁ᵀ`` are ``C + Cᵀ`` for
+    ``C = X₁X₁ᵀ/2 + X₂X₁ᵀ``, one product over the concatenated inner dimension
+    ``[X₁ X₂] @ [X₁/2 X₁]ᵀ`` (halving a bf16 number is exact). With three, the six terms of
+    ``parts=3`` are ``C + Cᵀ`` for ``C = X₁X₁ᵀ/2 + X₂X₁ᵀ + X₃X₁ᵀ + X₂X₂ᵀ/2``, four bf16
+    products' flops in three products (:func:`_gram_block`). Either
+    is summed over blocks of X's columns where they exceed ``SPLIT_BLOCKS`` times its rows.
+    The result is exactly symmetric, so the square of a symmetric matrix S (``S² = SSᵀ``) is
+    formed the same way."""
+    _check_parts(parts)
     C = None
     for s in _long_blocks(X.shape[-1], X.shape[-2]):
-        width = s.stop - s.start
-        lhs = _split_concat(X[..., s], -1, (1, 2))  # [X₁ X₂]
-        hi, rhs = lhs[..., :width], torch.empty_like(lhs)
-        torch.mul(hi, 0.5, out=rhs[..., :width])
-        rhs[..., width:].copy_(hi)  # [X₁/2 X₁]
-        block = bf16_products_fp32(lhs, rhs.mT)
-        del lhs, hi, rhs  # before the next block's
+        block = _gram_block(X[..., s], parts)
         C = block if C is None else C.add_(block)
     return C + C.mT
 
 
+def _gram_block(X: Tensor, parts: int) -> Tensor:
+    """C of :func:`split_bf16_gram` for one block of X's columns (its operands freed on
+    return): ``[X₁ X₂]·[X₁/2 X₁]ᵀ``, or with three parts, from ``[X₁ X₂ X₃]`` and
+    ``[X₂/2 X₁ X₁]``, ``[X₂ X₃]·[X₁ X₁]ᵀ + X₂·(X₂/2)ᵀ + (X₁X₁ᵀ)/2``, the smallest terms first
+    (so that their sums round as float32's do). The operands are built transposed, their
+    parts stacked by rows (:func:`_split_rows`)."""
+    width = X.shape[-1]
+    lhs = _split_rows(X.mT, (1, 2) if parts == 2 else (1, 2, 3))  # Lᵀ
+    hi, mid = lhs[..., :width, :], lhs[..., width : 2 * width, :]
+    rhs = torch.empty_like(lhs)  # Rᵀ
+    torch.mul(hi if parts == 2 else mid, 0.5, out=rhs[..., :width, :])
+    for k in range(1, parts):
+        rhs[..., k * width : (k + 1) * width, :].copy_(hi)
+    if parts == 2:
+        return bf16_products_fp32(lhs.mT, rhs)
+    C = bf16_products_fp32(lhs[..., width:, :].mT, rhs[..., width:, :])
+    C.add_(bf16_products_fp32(mid.mT, rhs[..., :width, :]))
+    return C.add_(bf16_products_fp32(hi.mT, rhs[..., width : 2 * width, :]), alpha=0.5)
+
+
 def _split_concat(A: Tensor, dim: int, order: tuple[int, ...]) -> Tensor:
-    """The bf16 parts of :func:`split_bf16` concatenated along ``dim`` in ``order`` (1: ``A₁``,
-    2: ``A₂``; ``(1, 1, 2)`` is ``[A₁ A₁ A₂]``), written into the concatenation itself: no
-    separate parts and no float32 temporary (``A − A₁`` rounds once, into its place)."""
-    width = A.shape[dim]
-    shape = list(A.shape)
-    shape[dim] = width * len(order)
-    out = torch.empty(shape, dtype=torch.bfloat16, device=A.device)
-    places = out.split(width, dim=dim)
-    hi = places[order.index(1)]
-    hi.copy_(A)
-    torch.sub(A, hi, out=places[order.index(2)])
+    """A's bf16 parts concatenated along ``dim`` (-1 or -2) in ``order`` (1: ``A₁ = bf16(A)``,
+    2: ``A₂ = bf16(A − A₁)``, 3: ``A₃ = bf16(A − A₁ − A₂)``; ``(1, 1, 2)`` is
+    ``[A₁ A₁ A₂]``). Along -1 it is the transpose of Aᵀ's parts stacked by rows, a view that
+    products take as it is: every part is written whole into a contiguous place."""
+    return _split_rows(A.mT, order).mT if dim == -1 else _split_rows(A, order)
+
+
+def _split_rows(A: Tensor, order: tuple[int, ...]) -> Tensor:
+    """A's bf16 parts stacked by rows in ``order`` (see :func:`_split_concat`), written into
+    the stack itself: no separate parts (each remainder is exact in float32, and rounds once
+    into its place), each written whole (``out=`` a contiguous place, which
+    ``torch.compile`` traces)."""
+    rows = A.shape[-2]
+    out = torch.empty(*A.shape[:-2], rows * len(order), A.shape[-1], dtype=torch.bfloat16,
+                      device=A.device)  # fmt: skip
+    places = out.split(rows, dim=-2)
+    first = {part: places[order.index(part)] for part in sorted(set(order))}
+    first[1].copy_(A)
+    if 3 in first:
+        rest = torch.sub(A, first[1])
+        first[2].copy_(rest)
+        first[3].copy_(rest.sub_(first[2]))
+        del rest
+    else:
+        torch.sub(A, first[1], out=first[2])
     for place, part in zip(places, order, strict=True):
-        if part == 1 and place is not hi:
-            place.copy_(hi)
+        if place is not first[part]:
+            place.copy_(first[part])
     return out
 
 

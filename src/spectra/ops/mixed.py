@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -138,7 +139,7 @@ def _mixed_run(c: float, plan: Plan, transposed: bool) -> Tensor:
     """``soft_clip_mixed`` of the matrix whose wide view is ``plan.Xh`` (in Xh's precision):
     ``K·Xh``, or ``Xhᵀ·Kᵀ`` in the input's own layout when the wide view is its transpose."""
     K = _mixed_factor(c, plan).to(plan.Xh.dtype)
-    mm = split_bf16_matmul if plan.dtype == torch.bfloat16 else matmul
+    mm = partial(split_bf16_matmul, parts=plan.parts) if plan.dtype == torch.bfloat16 else matmul
     return mm(plan.Xh.mT, K.mT) if transposed else mm(K, plan.Xh)
 
 
@@ -177,6 +178,7 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
     storage, and the iteration frees them once used: a batch's working set holds no Gram matrix
     and no square of it through the steps."""
     split = plan.dtype == torch.bfloat16  # the exact steps by split bf16 products
+    parts = plan.parts if split else 0
     wd, coeffs = (torch.float32 if split else plan.dtype), plan.coeffs
     factor = output_factor(c, plan).to(wd)
     batch, m = plan.G.shape[:-2], plan.G.shape[-1]
@@ -193,7 +195,7 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
             _m_hat(plan, wd, wg, wi),
             coeffs[:exact],
             _first_step(plan, wd, wg, wi),
-            split,
+            parts,
         )
     else:
         _m_hat(plan, wd, wg, wi)
@@ -204,7 +206,7 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
         E16 = [E.to(torch.bfloat16)]
         del E
         W = _coupled_steps(E16.pop(), coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
-        Z = W if Z is None else (split_bf16_matmul if split else torch.bmm)(W, Z)
+        Z = W if Z is None else split_bf16_matmul(W, Z, parts) if split else torch.bmm(W, Z)
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
 
 
@@ -245,20 +247,24 @@ def _coupled_steps(
     M_hat: Tensor,
     coeffs: tuple[tuple[float, float, float], ...],
     Z1: Tensor | None = None,
-    split: bool = False,
+    parts: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """``Z = p_K(…)·…·p_1(M̂)`` and, when the first step's ``Z1 = p_1(M̂)`` is given, also
     ``E = Z M̂ Z``, after the ``K = len(coeffs) ≥ 1`` steps of the coupled iteration of
     :func:`spectra.ops.quintics.coupled_inverse_sqrt`, in M̂'s precision (a ``(B, m, m)`` batch;
-    bf16: bf16 products with float32 sums; ``split``: float32 M̂ by split bf16 products).
+    bf16: bf16 products with float32 sums; ``parts`` 2 or 3: float32 M̂ by split bf16 products
+    of that many parts).
     Without ``Z1`` the first step is one fused product; each later step takes four products
     (``E = ZY``, ``Q = p(E)``, ``QZ``, ``YQ``), the last one three when E is not wanted.
     ``ZQ`` would equal ``QZ`` (Z, Y and Q are polynomials in M̂), but the coupled iteration is
     stable in this order alone: with ``ZQ`` a spike of 1e5c (float64) diverged. E is symmetric
     (``Z M̂ Z``), and split products form ``E² = EEᵀ`` from two bf16 products
     (:func:`~spectra.ops._common.split_bf16_gram`)."""
-    square = split_bf16_gram if split else None
-    mm = split_bf16_matmul if split else bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
+    split = parts > 0
+    square = partial(split_bf16_gram, parts=parts) if split else None
+    mm = partial(split_bf16_matmul, parts=parts) if split else None
+    if mm is None:
+        mm = bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
     want_e = Z1 is not None
     Z = _fused_quintic(M_hat, *coeffs[0], square) if Z1 is None else Z1
     del Z1  # Z alone holds it: the second step frees it
@@ -270,15 +276,15 @@ def _coupled_steps(
         Q = _fused_quintic(mm(Z, Y), a, b, cc, square)
         more = want_e or k < len(coeffs)
         if split:  # the parts of the operand a product replaces first, and it freed before the
-            parts = split_bf16_right(Z)  # product: the split operands outweigh it
+            pieces = split_bf16_right(Z, parts)  # product: the split operands outweigh it
             Z = None
-            Z = split_bf16_product(split_bf16_left(Q), parts)
-            del parts
+            Z = split_bf16_product(split_bf16_left(Q, parts), pieces, parts)
+            del pieces
             if more:
-                parts = split_bf16_left(Y)
+                pieces = split_bf16_left(Y, parts)
                 Y = None
-                Y = split_bf16_product(parts, split_bf16_right(Q))
-                del parts
+                Y = split_bf16_product(pieces, split_bf16_right(Q, parts), parts)
+                del pieces
         else:
             Z = mm(Q, Z)
             if more:

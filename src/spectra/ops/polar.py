@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -61,6 +62,20 @@ POLAR_MAX_ALPHA = {
     torch.bfloat16: POLAR_SPLIT_MAX_ALPHA,
 }
 
+# A capturable call cannot read α, so its split bf16 products (``dtype=torch.bfloat16``) take
+# three parts (:func:`~spectra.ops._common.split_bf16_matmul` with ``parts=3``: six bf16
+# products, float32's accuracy) and float32's schedule, for every α that float32 resolves. A
+# call that reads α takes two parts while ``α ≤ POLAR_SPLIT_MAX_ALPHA``.
+CAPTURABLE_SPLIT_PARTS = 3
+
+
+def max_alpha(wd: torch.dtype, parts: int) -> float:
+    """The largest α the working precision ``wd`` resolves (``POLAR_MAX_ALPHA``); split bf16
+    products of three parts resolve float32's."""
+    if wd == torch.bfloat16 and parts == CAPTURABLE_SPLIT_PARTS:
+        wd = torch.float32
+    return POLAR_MAX_ALPHA.get(wd, 1e2)
+
 
 def check_tol(options: Options) -> None:
     """Refuse a ``tol`` outside ``[1e-6, 1)``."""
@@ -96,6 +111,7 @@ class Plan:
     dtype: torch.dtype  # working precision of the iteration
     coeffs: tuple[tuple[float, float, float], ...]  # the quintics to run
     x_inv: Tensor | None  # Xh is X itself, to be multiplied by x_inv (see GramState)
+    parts: int = 2  # bf16 parts of each split product (dtype bf16): 2, or 3 (capturable)
 
     take_grams = _take_grams
 
@@ -122,6 +138,7 @@ class GramState:
     # float64 (3,) on the device: the largest α, whether the input was finite, whether X's
     # scale let G be formed from X itself (see DIRECT_RANGE)
     request: Tensor
+    parts: int = 2  # bf16 parts of each split product (2, or 3 in a capturable call)
 
     take_grams = _take_grams
 
@@ -137,14 +154,17 @@ def scaled_x(Xw: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
     return (Xw.to(torch.float64) / scale).to(dtype)
 
 
-def _grams(Xh: Tensor, split: bool, x_inv: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def _grams(
+    Xh: Tensor, split: bool, x_inv: Tensor | None = None, parts: int = 2
+) -> tuple[Tensor, Tensor, Tensor]:
     """``G = X̂X̂ᵀ`` (times ``x_inv²``), ``G²`` and the bound ``s²_max ≥ λ_max(G)`` of
     :func:`gram_square_and_bound`; with ``split``, G and G² (``= GGᵀ``: split G is exactly
-    symmetric) by :func:`~spectra.ops._common.split_bf16_gram`."""
-    G = split_bf16_gram(Xh) if split else matmul(Xh, Xh.mT)
+    symmetric) by :func:`~spectra.ops._common.split_bf16_gram` of that many ``parts``."""
+    square = partial(split_bf16_gram, parts=parts) if split else None
+    G = square(Xh) if square is not None else matmul(Xh, Xh.mT)
     if x_inv is not None:
         G.mul_((x_inv * x_inv).to(G.dtype))
-    return gram_square_and_bound(G, split_bf16_gram if split else None)
+    return gram_square_and_bound(G, square)
 
 
 def gram_square_and_bound(
@@ -166,8 +186,11 @@ def gram_square_and_bound(
 DIRECT_RANGE = (2.0**-40, 2.0**40)
 
 
-def gram_state(Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = True) -> GramState:
-    """The part of a polar call before its host read; no host synchronisation."""
+def gram_state(
+    Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = True, parts: int = 2
+) -> GramState:
+    """The part of a polar call before its host read; no host synchronisation. ``parts``: of
+    each split bf16 product, where ``dtype`` asks for them."""
     scale = pow2_scale(Xw)
     split = dtype == torch.bfloat16  # split bf16 products while α ≤ POLAR_SPLIT_MAX_ALPHA
     exact = Xw.dtype == torch.float64 or dtype == torch.float64
@@ -179,10 +202,10 @@ def gram_state(Xw: Tensor, c: float, dtype: torch.dtype | None, direct: bool = T
     if direct and first == torch.float32 and Xw.dtype != torch.float64:
         x_inv = scale.reciprocal()
         in_range = ((scale >= DIRECT_RANGE[0]) & (scale <= DIRECT_RANGE[1])).all()
-        G, G2, lam = _grams(Xw.to(torch.float32), split, x_inv)
+        G, G2, lam = _grams(Xw.to(torch.float32), split, x_inv, parts)
     else:
-        G, G2, lam = _grams(scaled_x(Xw, scale, first), split)
-    return bounds(G, G2, lam, scale, c, split, exact, x_inv, in_range)
+        G, G2, lam = _grams(scaled_x(Xw, scale, first), split, parts=parts)
+    return bounds(G, G2, lam, scale, c, split, exact, x_inv, in_range, parts)
 
 
 def bounds(
@@ -195,6 +218,7 @@ def bounds(
     exact: bool,
     x_inv: Tensor | None,
     in_range: Tensor,
+    parts: int = 2,
 ) -> GramState:
     """α and the weights of M̂ from the scaled Gram matrix ``G`` and its bound ``lam``."""
     # r² = s²_max/c² in the original units; α = 1 + r². Everything below stays finite for
@@ -212,7 +236,9 @@ def bounds(
     finite = torch.isfinite(scale0 + lam).all()
     alpha = w_id.amin().clamp_min(1e-300).reciprocal()
     request = torch.stack([alpha, finite.to(torch.float64), in_range.to(torch.float64)])
-    return GramState(G, G2, scale, r, w_id, w_g, lam_safe, G.dtype, split, exact, c, x_inv, request)
+    return GramState(
+        G, G2, scale, r, w_id, w_g, lam_safe, G.dtype, split, exact, c, x_inv, request, parts
+    )
 
 
 def regram(
@@ -244,7 +270,7 @@ def decide(
     from the input and the device alone, and the schedule covers every α it resolves."""
     if values is None:
         wd = capturable_precision(g, dtype)
-        alpha_max = POLAR_MAX_ALPHA.get(wd, 1e2)
+        alpha_max = max_alpha(wd, g.parts)
     else:
         alpha_max, ok, in_range = values
         if not (ok and in_range):
@@ -262,10 +288,12 @@ def decide(
         if x_inv is None and float32_last and Xw.dtype != torch.float64:
             x_inv = g.scale.reciprocal()
         Xh = Xw.to(torch.float32) if x_inv is not None else scaled_x(Xw, g.scale, g.dtype)
-    w_floor = 1.0 / POLAR_MAX_ALPHA.get(wd, 1e2)
+    w_floor = 1.0 / max_alpha(wd, g.parts)
     coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
     w_id = g.w_id.clamp_min(w_floor)
-    return Plan(Xh, G, G2, g.scale, g.r, w_id, g.w_g, g.lam_safe, alpha_max, wd, coeffs, x_inv)
+    return Plan(
+        Xh, G, G2, g.scale, g.r, w_id, g.w_g, g.lam_safe, alpha_max, wd, coeffs, x_inv, g.parts
+    )
 
 
 def read_precision(g: GramState, alpha_max: float, dtype: torch.dtype | None) -> torch.dtype:
@@ -282,10 +310,13 @@ def read_precision(g: GramState, alpha_max: float, dtype: torch.dtype | None) ->
 
 def capturable_precision(g: GramState, dtype: torch.dtype | None) -> torch.dtype:
     """The working precision of a call that reads nothing (``capturable``): ``dtype`` when asked
-    (split bf16 products need α ≤ 1e4, which is not known: float32 then), float64 where the
-    default would always choose it (float64 input, a device whose float32 products are not
-    IEEE), float32 otherwise; α beyond 1e5 does not switch it to float64 (see
+    (``torch.bfloat16``: split bf16 products of three parts, which need no bound on α; a
+    Gram state of two parts, whose products need α ≤ 1e4, which is not known, gives float32),
+    float64 where the default would always choose it (float64 input, a device whose float32
+    products are not IEEE), float32 otherwise; α beyond 1e5 does not switch it to float64 (see
     :func:`TwoPhase.capturable`)."""
+    if g.split and g.parts == CAPTURABLE_SPLIT_PARTS:
+        return torch.bfloat16
     if dtype is not None and not g.split:
         return dtype
     return torch.float64 if g.exact and not g.split else torch.float32
@@ -359,7 +390,8 @@ def _polar_run(Xw: Tensor, c: float, plan: Plan) -> Tensor:
     precision (float32 for split bf16 products)."""
     Xh, wd = plan.Xh, plan.dtype
     # split bf16 products keep float32 operands
-    store, mm = (torch.float32, split_bf16_matmul) if wd == torch.bfloat16 else (wd, matmul)
+    split = partial(split_bf16_matmul, parts=plan.parts)
+    store, mm = (torch.float32, split) if wd == torch.bfloat16 else (wd, matmul)
     M_hat, M_hat_sq = _polar_start(plan, store)
     Z = coupled_inverse_sqrt(M_hat, M_hat_sq, plan.coeffs, matmul=mm)
     del M_hat, M_hat_sq
@@ -431,12 +463,14 @@ class TwoPhase:
         one for the largest α the working precision resolves (``POLAR_MAX_ALPHA``: 1e6 in
         float32, 7 quintic steps at ``tol=1e-3``, against 2 for ``α ≤ 10``, 3 for 100 and 4
         for 1e3 when read), and the precision is not raised to float64 for ``α > 1e5``
-        (:func:`capturable_precision`): there the error grows like ``ε₃₂·α``. A quintic
+        (:func:`capturable_precision`): there the error grows like ``ε₃₂·α``. Split bf16
+        products (``dtype=torch.bfloat16``) take three parts here (``CAPTURABLE_SPLIT_PARTS``:
+        six bf16 products each, float32's accuracy) and the same schedule. A quintic
         schedule for an interval ``[ℓ, 1]`` also brings every narrower interval within
         ``tol``, so a smaller α loses nothing but the extra steps. Non-finite input gives a
         non-finite result. The Gram matrix is formed from ``X/scale`` (no range check)."""
         Xw, dtype = wide_view(X)[0], self.gram_dtype(options, X)
-        g = gram_state(Xw, c, dtype, direct=False)
+        g = gram_state(Xw, c, dtype, direct=False, parts=CAPTURABLE_SPLIT_PARTS)
         plan = decide(Xw, g, None, options.tol, dtype, self.float32_last)
         return self.finish(X, c, plan)
 

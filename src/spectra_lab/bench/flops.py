@@ -65,21 +65,26 @@ def mixed_flops(shape: tuple[int, ...], steps: int, exact: int) -> tuple[int, in
     return count * full, count * half
 
 
-def mixed_split_flops(shape: tuple[int, ...], steps: int, exact: int) -> int:
+def mixed_split_flops(shape: tuple[int, ...], steps: int, exact: int, parts: int = 2) -> int:
     """Flops of ``soft_clip(method="mixed", ns_dtype=torch.bfloat16)``, every product in bf16
     (while ``α ≤ 1e4``), counted in bf16 products: the Gram matrix and ``G²`` two each
     (``split_bf16_gram``); with ``e ≥ 1`` exact steps ``Y = M̂Z`` three, each later exact step
     eleven (``E = ZY``, ``QZ`` and ``YQ`` three each, ``E² = EEᵀ`` two) and ``E = ZY`` three;
     ``r = K − e`` plain bf16 steps (``4r − 3`` products for ``r ≥ 1``), then ``K = W·Z`` three
-    where there were both; the last product ``K·X`` three (``2m²n`` each)."""
+    where there were both; the last product ``K·X`` three (``2m²n`` each).
+
+    ``parts=3`` (a capturable call's split products, whatever α): six bf16 products where two
+    parts take three, and four where they take two (``split_bf16_matmul``,
+    ``split_bf16_gram``)."""
     *batch, m, n = shape
     m, n = min(m, n), max(m, n)
     count = math.prod(batch) if batch else 1
     exact = min(exact, steps)
     rest = steps - exact
-    cubes = 2 + (3 + 11 * (exact - 1) + 3 if exact else 0) + (4 * rest - 3 if rest else 0)
-    cubes += 3 if exact and rest else 0
-    return count * ((2 + 3) * 2 * m * m * n + cubes * 2 * m**3)
+    prod, gram = (3, 2) if parts == 2 else (6, 4)
+    cubes = gram + (2 * prod + (3 * prod + gram) * (exact - 1) if exact else 0)
+    cubes += (4 * rest - 3 if rest else 0) + (prod if exact and rest else 0)
+    return count * ((gram + prod) * 2 * m * m * n + cubes * 2 * m**3)
 
 
 def flop_table(shapes: dict[str, tuple[int, ...]], inputs: tuple[str, ...]) -> str:
