@@ -113,6 +113,11 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
     assert eager.defaults["capturable"] and torch.is_tensor(eager.param_groups[0]["lr"])
     assert isinstance(make_capturable("spectra-adamw-compiled", params, 1e-3, 10.0), CompiledStep)
     assert isinstance(make_capturable("spectra-adamw-graph", params, 1e-3, 10.0), GraphStep)
+    split = make_capturable("spectra-adamw-capturable-bf16", params, 1e-3, 10.0)
+    assert split.defaults["capturable"] and split.param_groups[0]["clip_ns_dtype"] == torch.bfloat16
+    graph = make_capturable("spectra-adamw-graph-bf16", params, 1e-3, 10.0)
+    assert isinstance(graph, GraphStep)
+    assert graph.base.param_groups[0]["clip_ns_dtype"] == torch.bfloat16
     assert "CUDA graphs need a CUDA device" in graph_note(torch.device("cpu"))
     argv = [
         "--matrices",
@@ -123,6 +128,8 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
         "spectra-adamw-polar-bf16",
         "spectra-adamw-capturable",
         "spectra-adamw-graph",
+        "spectra-adamw-capturable-bf16",
+        "spectra-adamw-graph-bf16",
         "--repeats",
         "1",
         "--no-memory",
@@ -133,6 +140,8 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
     out = capsys.readouterr().out
     assert "`spectra-adamw-polar-bf16`" in out and "`spectra-adamw-capturable`" in out
     assert "spectra-adamw-graph skipped: CUDA graphs need a CUDA device, not cpu" in out
+    assert "`spectra-adamw-capturable-bf16`" in out
+    assert "spectra-adamw-graph-bf16 skipped: CUDA graphs need a CUDA device, not cpu" in out
 
 
 def test_every_bench_report_names_its_machine():

@@ -258,10 +258,13 @@ def cuda_grads(ps, k, gpu):
     return [3 * torch.randn(p.shape, generator=g, device=gpu) for p in ps]
 
 
-@pytest.mark.parametrize("method", ["auto", "mixed"])
-def test_a_captured_capturable_step_replays_as_eager_with_a_changing_lr(method, gpu):
+@pytest.mark.parametrize(
+    "method, ns_dtype", [("auto", None), ("mixed", None), ("mixed", torch.bfloat16)]
+)
+def test_a_captured_capturable_step_replays_as_eager_with_a_changing_lr(method, ns_dtype, gpu):
     # torch's recipe: warm-up steps on a side stream, capture one step, then per step copy the
-    # gradients and the lr into the captured tensors and replay
+    # gradients and the lr into the captured tensors and replay; bf16: split products of three
+    # parts
     shapes = ((64, 32), (64, 32), (32, 96), (48,))
     lrs = [1e-2, 5e-3, 2e-2, 1e-3, 7e-3, 1e-2]
     runs = []
@@ -269,7 +272,8 @@ def test_a_captured_capturable_step_replays_as_eager_with_a_changing_lr(method, 
         torch.manual_seed(0)
         ps = [torch.randn(s, device=gpu, requires_grad=True) for s in shapes]
         lr = torch.tensor(lrs[0], device=gpu)
-        opt = so.AdamW(ps, lr=lr, clip_c=0.5, clip_method=method, capturable=True)
+        opt = so.AdamW(ps, lr=lr, clip_c=0.5, clip_method=method, clip_ns_dtype=ns_dtype,
+                       capturable=True)  # fmt: skip
         for p, g in zip(ps, cuda_grads(ps, 0, gpu), strict=True):
             p.grad = g
         side = torch.cuda.Stream()

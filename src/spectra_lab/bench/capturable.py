@@ -5,7 +5,12 @@ and captured in a CUDA graph, as rows of ``spectra bench optim``.
   the parameters' device;
 * ``spectra-adamw-compiled``: that step under ``torch.compile(fullgraph=True)``;
 * ``spectra-adamw-graph``: that step captured once in a ``torch.cuda.CUDAGraph`` (after a
-  warm-up step on a side stream, which creates the state) and replayed: CUDA only.
+  warm-up step on a side stream, which creates the state) and replayed: CUDA only;
+* ``spectra-adamw-capturable-bf16``, ``spectra-adamw-graph-bf16``: the first and the third
+  with ``clip_method="mixed"`` (the CUDA default) and ``clip_ns_dtype=torch.bfloat16``: every
+  product of the clip on bf16 units, the float32 ones as split products of three parts
+  (``spectra.ops.polar.CAPTURABLE_SPLIT_PARTS``: six bf16 products each, float32's accuracy,
+  whatever α).
 
 Each row's object has a ``step()`` and, for the memory accounting, its optimizer as ``base``.
 """
@@ -19,7 +24,13 @@ from torch import Tensor
 
 import spectra.optim as so
 
-CAPTURABLE_METHODS = ("spectra-adamw-capturable", "spectra-adamw-compiled", "spectra-adamw-graph")
+CAPTURABLE_METHODS = (
+    "spectra-adamw-capturable",
+    "spectra-adamw-compiled",
+    "spectra-adamw-graph",
+    "spectra-adamw-capturable-bf16",
+    "spectra-adamw-graph-bf16",
+)
 
 
 def capturable_adamw(params: list[Tensor], lr: float, clip_c: float, **kw: Any) -> so.AdamW:
@@ -69,18 +80,26 @@ class GraphStep:
 
 def make_capturable(method: str, params: list[Tensor], lr: float, clip_c: float, **kw: Any):
     """The optimizer (or step wrapper) of one of :data:`CAPTURABLE_METHODS`."""
+    if method not in CAPTURABLE_METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {CAPTURABLE_METHODS}")
+    base = method.removesuffix("-bf16")
+    if base != method:
+        kw = {**kw, "clip_method": "mixed", "clip_ns_dtype": torch.bfloat16}
     opt = capturable_adamw(params, lr, clip_c, **kw)
-    if method == "spectra-adamw-capturable":
-        return opt
-    if method == "spectra-adamw-compiled":
+    if base == "spectra-adamw-compiled":
         return CompiledStep(opt)
-    if method == "spectra-adamw-graph":
+    if base == "spectra-adamw-graph":
         return GraphStep(opt)
-    raise ValueError(f"unknown method {method!r}; expected one of {CAPTURABLE_METHODS}")
+    return opt
 
 
-def graph_note(device: torch.device) -> str | None:
-    """Why ``spectra-adamw-graph`` cannot run on ``device`` (``None`` where it can)."""
+#: The rows captured in a CUDA graph
+GRAPH_METHODS = ("spectra-adamw-graph", "spectra-adamw-graph-bf16")
+
+
+def graph_note(device: torch.device, method: str = "spectra-adamw-graph") -> str | None:
+    """Why ``method`` (one of :data:`GRAPH_METHODS`) cannot run on ``device`` (``None`` where
+    it can)."""
     if device.type != "cuda":
-        return f"spectra-adamw-graph skipped: CUDA graphs need a CUDA device, not {device.type}"
+        return f"{method} skipped: CUDA graphs need a CUDA device, not {device.type}"
     return None

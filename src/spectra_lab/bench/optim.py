@@ -26,7 +26,9 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
   too (bf16 first: split bf16 products for the float32 ones);
 * ``spectra-adamw-capturable``, ``-compiled``, ``-graph`` (only on request): the step that
   reads nothing on the host, eager, compiled whole, and captured in a CUDA graph (CUDA only;
-  elsewhere skipped with a line that says so): :mod:`spectra_lab.bench.capturable`;
+  elsewhere skipped with a line that says so); ``-capturable-bf16``, ``-graph-bf16``: the
+  first and the last with ``clip_ns_dtype="bfloat16"`` (split bf16 products of three parts):
+  :mod:`spectra_lab.bench.capturable`;
 * ``paper-wrap-bf16``, ``paper-wrap-fp32``: the clone-and-subtract wrapper of the paper's
   code, reimplemented: clone every matrix, call the base step, recover
   ``U = (X_k − X_{k+1})/η − λX_k`` and loop over the matrices calling
@@ -82,7 +84,12 @@ import spectra.optim as so
 from spectra.ops import soft_clip_paper
 from spectra.optim.wrapper import eighth_chunks
 from spectra.validate import check_int
-from spectra_lab.bench.capturable import CAPTURABLE_METHODS, graph_note, make_capturable
+from spectra_lab.bench.capturable import (
+    CAPTURABLE_METHODS,
+    GRAPH_METHODS,
+    graph_note,
+    make_capturable,
+)
 from spectra_lab.bench.optim_report import format_table
 from spectra_lab.bench.peers import MuonWithAdamW, fused_adamw_note
 from spectra_lab.bench.precision import add_tf32_argument, apply_tf32
@@ -519,8 +526,8 @@ def run(args: argparse.Namespace) -> int:
     methods = tuple(args.methods or METHODS)
     notes = []
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    for row, note in (("spectra-adamw-graph", lambda: graph_note(device)),
-                      ("torch-adamw-fused", lambda: fused_adamw_note(device, dtype))):  # fmt: skip
+    rows = [(r, lambda r=r: graph_note(device, r)) for r in GRAPH_METHODS]
+    for row, note in (*rows, ("torch-adamw-fused", lambda: fused_adamw_note(device, dtype))):
         why = note() if row in methods else None  # why the row cannot run here
         if why is not None:
             methods = tuple(m for m in methods if m != row)
