@@ -118,6 +118,9 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
     graph = make_capturable("spectra-adamw-graph-bf16", params, 1e-3, 10.0)
     assert isinstance(graph, GraphStep)
     assert graph.base.param_groups[0]["clip_ns_dtype"] == torch.bfloat16
+    bounded = make_capturable("spectra-adamw-graph-bf16-r100", params, 1e-3, 10.0).base
+    group = bounded.param_groups[0]
+    assert (group["clip_ns_dtype"], group["clip_ratio_bound"]) == (torch.bfloat16, 100.0)
     assert "CUDA graphs need a CUDA device" in graph_note(torch.device("cpu"))
     argv = [
         "--matrices",
@@ -130,6 +133,7 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
         "spectra-adamw-graph",
         "spectra-adamw-capturable-bf16",
         "spectra-adamw-graph-bf16",
+        "spectra-adamw-capturable-bf16-r100",
         "--repeats",
         "1",
         "--no-memory",
@@ -141,6 +145,7 @@ def test_the_capturable_and_bf16_first_rows_run_on_the_cpu_and_the_graph_row_is_
     assert "`spectra-adamw-polar-bf16`" in out and "`spectra-adamw-capturable`" in out
     assert "spectra-adamw-graph skipped: CUDA graphs need a CUDA device, not cpu" in out
     assert "`spectra-adamw-capturable-bf16`" in out
+    assert "`spectra-adamw-capturable-bf16-r100`" in out
     assert "spectra-adamw-graph-bf16 skipped: CUDA graphs need a CUDA device, not cpu" in out
 
 

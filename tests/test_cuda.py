@@ -259,12 +259,16 @@ def cuda_grads(ps, k, gpu):
 
 
 @pytest.mark.parametrize(
-    "method, ns_dtype", [("auto", None), ("mixed", None), ("mixed", torch.bfloat16)]
-)
-def test_a_captured_capturable_step_replays_as_eager_with_a_changing_lr(method, ns_dtype, gpu):
+    "method, ns_dtype, bound",
+    [("auto", None, None), ("mixed", None, None), ("mixed", torch.bfloat16, None),
+     ("mixed", torch.bfloat16, 100.0)],
+)  # fmt: skip
+def test_a_captured_capturable_step_replays_as_eager_with_a_changing_lr(
+    method, ns_dtype, bound, gpu
+):
     # torch's recipe: warm-up steps on a side stream, capture one step, then per step copy the
     # gradients and the lr into the captured tensors and replay; bf16: split products of three
-    # parts
+    # parts, or of two under a ratio bound
     shapes = ((64, 32), (64, 32), (32, 96), (48,))
     lrs = [1e-2, 5e-3, 2e-2, 1e-3, 7e-3, 1e-2]
     runs = []
@@ -273,7 +277,7 @@ def test_a_captured_capturable_step_replays_as_eager_with_a_changing_lr(method, 
         ps = [torch.randn(s, device=gpu, requires_grad=True) for s in shapes]
         lr = torch.tensor(lrs[0], device=gpu)
         opt = so.AdamW(ps, lr=lr, clip_c=0.5, clip_method=method, clip_ns_dtype=ns_dtype,
-                       capturable=True)  # fmt: skip
+                       clip_ratio_bound=bound, capturable=True)  # fmt: skip
         for p, g in zip(ps, cuda_grads(ps, 0, gpu), strict=True):
             p.grad = g
         side = torch.cuda.Stream()

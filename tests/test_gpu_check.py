@@ -43,6 +43,8 @@ def test_the_parts_that_time_the_step_beside_its_peers_run_first():
         "spectra-adamw-graph",
         "spectra-adamw-capturable-bf16",
         "spectra-adamw-graph-bf16",
+        "spectra-adamw-capturable-bf16-r100",
+        "spectra-adamw-graph-bf16-r100",
     ):
         assert m in methods
     # its compilation, the longest row, runs last

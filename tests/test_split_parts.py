@@ -125,3 +125,83 @@ def test_a_capturable_split_call_holds_eight_batches_of_float32_bytes_at_most():
             soft_clip(X, 1.0, method="mixed", ns_dtype=dtype, capturable=True)
         peaks[dtype] = mode.peak / (X.numel() * 4)
     assert 8 <= peaks[torch.bfloat16] < 8.01 and 4 <= peaks[None] < 4.01
+
+
+@pytest.mark.parametrize("method", ["mixed", "polar"])
+@pytest.mark.parametrize("kind", ["adam", "sign", "gauss"])
+@pytest.mark.parametrize("shape", [(48, 96), (96, 40), (3, 32, 32)])
+def test_a_ratio_bound_keeps_the_clip_within_it_and_damps_beyond_it(method, kind, shape):
+    """``ratio_bound=b`` (capturable): within σ_max/c ≤ b the clip stays within 1e-2 of the
+    float64 SVD, by float32 products and by split bf16 ones (two parts for b = 90); beyond it
+    the result is damped, not amplified: its spectral norm stays at c."""
+    c = 0.7
+    for dtype in (None, torch.bfloat16):
+        clip = lambda X, b, dtype=dtype: soft_clip(  # noqa: E731
+            X, c, method=method, ns_dtype=dtype, capturable=True, ratio_bound=b
+        )
+        for spike, bound in ((1.0, 10.0), (30.0, 90.0), (90.0, 90.0), (9.0, 10.0)):
+            X = spiked(shape, c, spike, kind=kind)
+            assert rel_err(clip(X, bound), soft_ref(X, c)) <= 1e-2, (dtype, spike, bound)
+        X = spiked(shape, c, 1e3, kind=kind)
+        Y = clip(X, 10.0)
+        assert torch.isfinite(Y).all()
+        assert torch.linalg.matrix_norm(Y.double(), ord=2).max() <= 1.01 * c
+
+
+@pytest.mark.parametrize("bound, steps", [(10.0, 4), (100.0, 5), (None, 7)])
+def test_a_ratio_bound_sets_the_schedule_and_the_parts_of_a_capturable_mixed_call(bound, steps):
+    """The schedule covers ``α ≤ 1 + b²`` alone, or what its precision resolves where that is
+    less, and split products take two parts for ``b ≤ 100`` (three without a bound): the
+    bf16 flops along the CUDA code path are ``mixed_split_flops`` of that schedule and those
+    parts."""
+    from spectra.ops.mixed import exact_steps
+    from spectra.ops.polar import POLAR_MAX_ALPHA
+    from spectra.ops.quintics import inverse_sqrt_schedule
+    from spectra_lab.bench.flops import mixed_split_flops
+    from spectra_lab.bench.live_bytes import gpu_code_path
+
+    shape = (48, 96)
+    X = spiked(shape, 0.7, 5.0, kind="gauss")
+    with gpu_code_path(), _ProductFlops() as counted:
+        soft_clip(X, 0.7, method="mixed", ns_dtype=torch.bfloat16, capturable=True,
+                  ratio_bound=bound)  # fmt: skip
+    # two parts resolve α ≤ 1e4 (POLAR_MAX_ALPHA), which b = 100 just passes
+    top = POLAR_MAX_ALPHA[torch.float32 if bound is None else torch.bfloat16]
+    alpha = top if bound is None else min(1 + bound**2, top)
+    ell = math.sqrt(1.0 / alpha)
+    coeffs = inverse_sqrt_schedule(ell, 1e-3)
+    assert len(coeffs) == steps
+    parts = 3 if bound is None else 2
+    flops = mixed_split_flops(shape, steps, exact_steps(coeffs, ell), parts=parts)
+    assert counted.flops == {torch.bfloat16: flops}
+
+
+def test_a_bad_ratio_bound_is_refused_by_value_at_the_call_and_at_construction():
+    import spectra.optim as so
+
+    X = torch.randn(6, 4)
+    bad = [
+        ({"ratio_bound": 10.0}, "needs capturable=True"),
+        ({"ratio_bound": 0.5, "capturable": True}, "finite number >= 1 or None, got 0.5"),
+        ({"ratio_bound": float("nan"), "capturable": True}, "got nan"),
+        ({"ratio_bound": True, "capturable": True}, "a number >= 1 or None, got True"),
+        ({"ratio_bound": 10.0, "capturable": True, "method": "paper"}, "method 'paper'"),
+    ]
+    for kw, message in bad:
+        with pytest.raises(ValueError, match=message):
+            soft_clip(X, 1.0, **kw)
+    p = torch.nn.Parameter(torch.randn(6, 4))
+    lr = torch.tensor(1e-3)
+    settings = [
+        ({"lr": 1e-3, "clip_ratio_bound": 10.0}, "clip_ratio_bound=10.0 bounds the schedule"),
+        ({"lr": lr, "capturable": True, "clip_ratio_bound": -1.0}, "clip_ratio_bound must be"),
+        ({"lr": lr, "capturable": True, "clip_ratio_bound": 10.0, "post": "orthogonalize"},
+         "post='orthogonalize'"),
+        ({"lr": lr, "capturable": True, "clip_ratio_bound": 10.0, "clip_method": "paper"},
+         "clip_method='paper' takes none"),
+    ]  # fmt: skip
+    for kw, message in settings:
+        with pytest.raises(ValueError, match=message):
+            so.AdamW([p], clip_c=1.0, **kw)
+    opt = so.AdamW([p], lr=lr, clip_c=1.0, capturable=True, clip_ratio_bound=10.0)
+    assert opt.param_groups[0]["clip_ratio_bound"] == 10.0

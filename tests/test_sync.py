@@ -557,11 +557,13 @@ def test_a_capturable_step_with_expert_stacks_and_fused_blocks_compiles_whole():
         {"post": "orthogonalize", "clip_method": "muon"},
         {"clip_c": 0.5, "clip_method": "paper"},
         {"clip_c": 0.5, "clip_method": "mixed", "clip_ns_dtype": torch.bfloat16},
+        {"clip_c": 0.5, "clip_ns_dtype": torch.bfloat16, "clip_ratio_bound": 100.0},
     ],
 )
 def test_capturable_settings_compile_whole_and_match_eager(kw):
     # pre-clipping, chunks, orthogonalization, the paper's algorithm and split bf16 products
-    # (three parts) through the step without host reads, compiled whole
+    # (three parts; two under a bound on σ_max/c) through the step without host reads,
+    # compiled whole
     torch._dynamo.reset()
     make = lambda ps: so.AdamW(ps, lr=1e-2, capturable=True, **kw)  # noqa: E731
     eager, _ = train(make, steps=3)

@@ -31,13 +31,16 @@ class Options:
     default); ``tol`` to the soft clips that iterate to a tolerance. ``capturable``: the call
     reads nothing back to the host (no finite check, no schedule read from the data), so that
     ``torch.compile(fullgraph=True)`` and CUDA graphs take it whole; only methods whose
-    :class:`Operator` is ``capturable`` accept it.
+    :class:`Operator` is ``capturable`` accept it. ``ratio_bound``: the largest σ_max/c a
+    capturable soft clip by ``"polar"`` or ``"mixed"`` schedules for (``None``: the most its
+    precision resolves; :meth:`spectra.ops.polar.TwoPhase.capturable`).
     """
 
     ns_steps: int | None = None
     ns_dtype: torch.dtype | None = None
     tol: float = POLAR_TOL
     capturable: bool = False
+    ratio_bound: float | None = None
 
 
 #: ``apply(X, c, options) -> op(X)``, on checked matrices (``c`` is None for orthogonalize)

@@ -78,10 +78,23 @@ def max_alpha(wd: torch.dtype, parts: int) -> float:
 
 
 def check_tol(options: Options) -> None:
-    """Refuse a ``tol`` outside ``[1e-6, 1)``."""
+    """Refuse a ``tol`` outside ``[1e-6, 1)``, and a ``ratio_bound`` that is not a finite
+    number ``≥ 1`` or comes without ``capturable``."""
     tol = options.tol
     if not (math.isfinite(tol) and 1e-6 <= tol < 1):
         raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
+    bound = options.ratio_bound
+    if bound is None:
+        return
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        raise ValueError(f"ratio_bound must be a number >= 1 or None, got {bound!r}")
+    if not (math.isfinite(bound) and bound >= 1):
+        raise ValueError(f"ratio_bound must be a finite number >= 1 or None, got {bound!r}")
+    if not options.capturable:
+        raise ValueError(
+            f"ratio_bound={bound!r} bounds the schedule of a call that reads nothing; it needs "
+            "capturable=True (a call that reads α needs no bound)"
+        )
 
 
 def _take_grams(holder: Plan | GramState) -> tuple[Tensor, Tensor]:
@@ -260,6 +273,7 @@ def decide(
     tol: float,
     dtype: torch.dtype | None,
     float32_last: bool = False,
+    alpha_cap: float | None = None,
 ) -> Plan:
     """Working precision and schedule from the host read ``values`` (``g.request``); with
     ``Xw=None`` (a factor from the Gram matrix alone) no ``Xh``, and G must be fine as it is.
@@ -267,10 +281,12 @@ def decide(
     last product in float32 whatever the working precision.
 
     ``values=None`` (nothing read, see :func:`capturable_precision`): the precision follows
-    from the input and the device alone, and the schedule covers every α it resolves."""
+    from the input and the device alone, and the schedule covers every α it resolves, or
+    those up to ``alpha_cap`` (eigenvalues of M̂ below ``1/alpha_cap`` then lifted to it)."""
     if values is None:
         wd = capturable_precision(g, dtype)
         alpha_max = max_alpha(wd, g.parts)
+        alpha_max = alpha_max if alpha_cap is None else min(alpha_max, alpha_cap)
     else:
         alpha_max, ok, in_range = values
         if not (ok and in_range):
@@ -288,7 +304,7 @@ def decide(
         if x_inv is None and float32_last and Xw.dtype != torch.float64:
             x_inv = g.scale.reciprocal()
         Xh = Xw.to(torch.float32) if x_inv is not None else scaled_x(Xw, g.scale, g.dtype)
-    w_floor = 1.0 / max_alpha(wd, g.parts)
+    w_floor = 1.0 / (max_alpha(wd, g.parts) if values is not None else alpha_max)
     coeffs = inverse_sqrt_schedule(math.sqrt(max(1.0 / alpha_max, w_floor)), tol)
     w_id = g.w_id.clamp_min(w_floor)
     return Plan(
@@ -310,12 +326,11 @@ def read_precision(g: GramState, alpha_max: float, dtype: torch.dtype | None) ->
 
 def capturable_precision(g: GramState, dtype: torch.dtype | None) -> torch.dtype:
     """The working precision of a call that reads nothing (``capturable``): ``dtype`` when asked
-    (``torch.bfloat16``: split bf16 products of three parts, which need no bound on α; a
-    Gram state of two parts, whose products need α ≤ 1e4, which is not known, gives float32),
-    float64 where the default would always choose it (float64 input, a device whose float32
-    products are not IEEE), float32 otherwise; α beyond 1e5 does not switch it to float64 (see
-    :func:`TwoPhase.capturable`)."""
-    if g.split and g.parts == CAPTURABLE_SPLIT_PARTS:
+    (``torch.bfloat16``: split bf16 products, of three parts, or of two under a bound
+    ``α ≤ 1e4``, :func:`TwoPhase.capturable`), float64 where the default would always choose
+    it (float64 input, a device whose float32 products are not IEEE), float32 otherwise; α
+    beyond 1e5 does not switch it to float64 (see :func:`TwoPhase.capturable`)."""
+    if g.split:
         return torch.bfloat16
     if dtype is not None and not g.split:
         return dtype
@@ -468,10 +483,22 @@ class TwoPhase:
         six bf16 products each, float32's accuracy) and the same schedule. A quintic
         schedule for an interval ``[ℓ, 1]`` also brings every narrower interval within
         ``tol``, so a smaller α loses nothing but the extra steps. Non-finite input gives a
-        non-finite result. The Gram matrix is formed from ``X/scale`` (no range check)."""
+        non-finite result. The Gram matrix is formed from ``X/scale`` (no range check).
+
+        ``options.ratio_bound`` (a bound ``b`` on σ_max/c that the caller vouches for): the
+        schedule covers ``α ≤ 1 + b²`` alone, or the α its precision resolves where that is
+        less (at ``tol=1e-3``: 4 steps for ``b`` from 10 to 31, 5 to 99, 6 to 316, against
+        7), and split bf16 products take two parts for ``b ≤ 100`` (whose precision resolves
+        ``α ≤ 1e4``: 5 steps). A matrix
+        beyond the bound is damped, not amplified: M̂'s eigenvalues below ``1/(1 + b²)`` are
+        lifted to it, so its directions of σ below about ``c·√(α/(1 + b²))`` come out shrunk
+        by up to ``√((1 + b²)/α)``; its largest ones are still clipped to about c."""
         Xw, dtype = wide_view(X)[0], self.gram_dtype(options, X)
-        g = gram_state(Xw, c, dtype, direct=False, parts=CAPTURABLE_SPLIT_PARTS)
-        plan = decide(Xw, g, None, options.tol, dtype, self.float32_last)
+        bound = None if options.ratio_bound is None else float(options.ratio_bound)
+        cap = None if bound is None else 1.0 + bound * bound
+        two = bound is not None and bound * bound <= POLAR_SPLIT_MAX_ALPHA  # b ≤ 100
+        g = gram_state(Xw, c, dtype, direct=False, parts=2 if two else CAPTURABLE_SPLIT_PARTS)
+        plan = decide(Xw, g, None, options.tol, dtype, self.float32_last, alpha_cap=cap)
         return self.finish(X, c, plan)
 
     def with_norm(self, X: Tensor, c: float, options: Options) -> tuple[Tensor, Tensor]:

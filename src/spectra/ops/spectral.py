@@ -35,6 +35,7 @@ from spectra.ops._common import check_finite, check_matrix_input, check_threshol
 from spectra.ops.base import POLAR_TOL, Options, apply_checked
 from spectra.ops.eigh import hard_weight, soft_weight
 from spectra.ops.methods import METHODS, default_method, operator, resolve
+from spectra.ops.polar import check_tol
 from spectra.validate import check_int
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def soft_clip(
     ns_dtype: torch.dtype | None = None,
     tol: float = POLAR_TOL,
     capturable: bool = False,
+    ratio_bound: float | None = None,
 ) -> Tensor:
     r"""Soft spectral clipping ``H_c(X) = (I + XXᵀ/c²)^{-1/2} X``.
 
@@ -108,12 +110,30 @@ def soft_clip(
             :meth:`spectra.ops.polar.TwoPhase.capturable`) and ``"paper"``; ``"auto"`` takes
             ``"polar"`` where it would take ``"eigh"``. Non-finite input then gives a
             non-finite result instead of a ``ValueError``.
+        ratio_bound: with ``capturable`` and ``"polar"`` or ``"mixed"``, a bound on
+            σ_max/c that the caller vouches for: the schedule covers it alone (fewer steps,
+            and split bf16 products of two parts for ``ratio_bound ≤ 100``); a matrix
+            beyond it is damped, not amplified (:meth:`spectra.ops.polar.TwoPhase.capturable`).
     """
     check_matrix_input(X)
     c = check_threshold(c, "c")
     op = operator("soft_clip", method, X.device, X.dtype, capturable)
-    options = Options(ns_steps, ns_dtype, tol, capturable)
+    options = Options(ns_steps, ns_dtype, tol, capturable, ratio_bound)
+    check_ratio_bound_method(options, resolve("soft_clip", method, X.device, X.dtype, capturable))
     return apply_checked(op, X, c, options, soft_weight(c))
+
+
+def check_ratio_bound_method(options: Options, method: str) -> None:
+    """Refuse a ``ratio_bound`` that is not a number ≥ 1 or comes without ``capturable``, and
+    one for a method whose schedule it does not set."""
+    if options.ratio_bound is None:
+        return
+    check_tol(options)
+    if method not in ("polar", "mixed"):
+        raise ValueError(
+            f"ratio_bound={options.ratio_bound!r} sets the schedule of the capturable "
+            f"'polar' and 'mixed' soft clips; method {method!r} takes none"
+        )
 
 
 @dataclass
@@ -204,9 +224,10 @@ def _keywords(
     ns_dtype: torch.dtype | None = None,
     tol: float = POLAR_TOL,
     capturable: bool = False,
+    ratio_bound: float | None = None,
 ) -> tuple[str, Options]:
     """:func:`soft_clip`'s keyword arguments, for the entry points that take them as they are."""
-    return method, Options(ns_steps, ns_dtype, tol, capturable)
+    return method, Options(ns_steps, ns_dtype, tol, capturable, ratio_bound)
 
 
 # --------------------------------------------------------------------------- hard clip

@@ -38,7 +38,8 @@ class SpectralOp(NamedTuple):
     ``orthogonalize``); ``c`` is its threshold (unused by ``orthogonalize``). ``ns_steps`` and
     ``ns_dtype``, when given, go to the iterative methods of ``soft_clip`` and
     ``orthogonalize`` (e.g. the paper's N_s and precision for ``method="paper"``).
-    ``capturable``: the operator reads nothing back to the host (see :func:`spectra.ops.soft_clip`).
+    ``capturable``: the operator reads nothing back to the host, and ``ratio_bound`` bounds its
+    schedule (see :func:`spectra.ops.soft_clip`).
 
     A named tuple, not a frozen dataclass: torch 2.11's ``torch.compile`` cannot call a frozen
     dataclass built inside the traced step (an ``AttributeError`` on its first field).
@@ -50,6 +51,7 @@ class SpectralOp(NamedTuple):
     ns_steps: int | None = None
     ns_dtype: torch.dtype | None = None
     capturable: bool = False
+    ratio_bound: float | None = None
 
     def _iteration(self) -> dict[str, Any]:
         iteration: dict[str, Any] = {}
@@ -59,6 +61,8 @@ class SpectralOp(NamedTuple):
             iteration["ns_dtype"] = self.ns_dtype
         if self.capturable:
             iteration["capturable"] = True
+        if self.ratio_bound is not None:
+            iteration["ratio_bound"] = self.ratio_bound
         return iteration
 
     def __call__(self, U: Tensor) -> Tensor:

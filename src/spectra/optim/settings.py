@@ -24,6 +24,9 @@ key                   default      meaning
                                    the paper's N_s); ``None``: the operator's default
 ``clip_ns_dtype``     ``None``     its working precision (``torch.bfloat16``, ``float32``,
                                    ``float64`` or their names); ``None``: the operator's
+``clip_ratio_bound``  ``None``     with ``capturable=True`` and a ``"polar"`` or ``"mixed"``
+                                   soft clip: a bound on σ_max/c that the schedule covers
+                                   (fewer steps; see :func:`spectra.ops.soft_clip`)
 ``clip_batch_dims``   ``0``        leading dimensions that index separate matrices (an
                                    expert stack ``(E, m, n)``: 1)
 ``clip_split``        ``None``     ``(sizes, dim)``: blocks of a fused tensor along ``dim``,
@@ -71,6 +74,7 @@ from torch import Tensor
 
 from spectra.ops.base import Options
 from spectra.ops.methods import check_capturable, method_names, operator
+from spectra.ops.polar import check_tol
 from spectra.optim.chain import matrix_shape
 from spectra.optim.distributed import holds_whole_matrices, is_sharded
 from spectra.optim.layout import MatrixLayout, default_scale
@@ -97,6 +101,7 @@ SPECTRA_DEFAULTS: dict[str, Any] = {
     "pre_clip_beta": 0.99,
     "clip_ns_steps": None,
     "clip_ns_dtype": None,
+    "clip_ratio_bound": None,
     "clip_batch_dims": 0,
     "clip_split": None,
     "clip_transposed": False,
@@ -155,13 +160,36 @@ def check_spectra_settings(group: dict[str, Any]) -> None:
                 f"one of {', '.join(method_names(kind))}"
             )
         # the method's own check of its settings (e.g. ns_steps for polar_express)
-        op = operator(kind, group["clip_method"], torch.device("cpu"), torch.float32)
+        capturable = bool(group.get("capturable", False))  # "auto" resolves as the step will
+        op = operator(kind, group["clip_method"], torch.device("cpu"), torch.float32, capturable)
         try:
             op.check(Options(group["clip_ns_steps"], ns_dtype_of(group["clip_ns_dtype"])))
         except ValueError as err:
             raise ValueError(f"clip_method={group['clip_method']!r}: {err}") from None
+    check_ratio_bound_setting(group, kinds)
     if group.get("capturable"):
         check_capturable_settings(group, kinds)
+
+
+def check_ratio_bound_setting(group: dict[str, Any], kinds: set[str]) -> None:
+    """Refuse a ``clip_ratio_bound`` that is not a number ≥ 1, that comes without
+    ``capturable=True``, or whose operators take none (``post`` other than ``"soft_clip"``
+    without a pre-clip, or a method other than ``"polar"``, ``"mixed"`` or ``"auto"``, which
+    under ``capturable`` is one of them)."""
+    bound = group["clip_ratio_bound"]
+    if bound is None:
+        return
+    capturable = bool(group.get("capturable", False))
+    try:
+        check_tol(Options(capturable=capturable, ratio_bound=bound))
+    except ValueError as err:
+        raise ValueError(f"clip_{err}") from None
+    if kinds != {"soft_clip"} or group["clip_method"] not in ("auto", "polar", "mixed"):
+        raise ValueError(
+            f"clip_ratio_bound={bound!r} sets the schedule of a capturable soft clip by 'polar' "
+            f"or 'mixed'; post={group['post']!r} with clip_method={group['clip_method']!r} "
+            "takes none"
+        )
 
 
 def check_capturable_settings(group: dict[str, Any], kinds: set[str]) -> None:
@@ -271,6 +299,7 @@ def op_of(group: dict[str, Any], kind: str, c: float | None) -> SpectralOp:
         group["clip_ns_steps"],
         ns_dtype_of(group["clip_ns_dtype"]),
         bool(group.get("capturable", False)),
+        group["clip_ratio_bound"],
     )
 
 

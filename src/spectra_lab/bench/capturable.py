@@ -10,7 +10,10 @@ and captured in a CUDA graph, as rows of ``spectra bench optim``.
   with ``clip_method="mixed"`` (the CUDA default) and ``clip_ns_dtype=torch.bfloat16``: every
   product of the clip on bf16 units, the float32 ones as split products of three parts
   (``spectra.ops.polar.CAPTURABLE_SPLIT_PARTS``: six bf16 products each, float32's accuracy,
-  whatever α).
+  whatever α);
+* ``spectra-adamw-capturable-bf16-r100``, ``spectra-adamw-graph-bf16-r100``: those two with
+  ``clip_ratio_bound=100`` too (σ_max/c ≤ 100 vouched for: five steps where seven cover every
+  α float32 resolves, and split products of two parts).
 
 Each row's object has a ``step()`` and, for the memory accounting, its optimizer as ``base``.
 """
@@ -30,7 +33,11 @@ CAPTURABLE_METHODS = (
     "spectra-adamw-graph",
     "spectra-adamw-capturable-bf16",
     "spectra-adamw-graph-bf16",
+    "spectra-adamw-capturable-bf16-r100",
+    "spectra-adamw-graph-bf16-r100",
 )
+#: The ``clip_ratio_bound`` of the ``-r100`` rows
+RATIO_BOUND = 100.0
 
 
 def capturable_adamw(params: list[Tensor], lr: float, clip_c: float, **kw: Any) -> so.AdamW:
@@ -82,9 +89,13 @@ def make_capturable(method: str, params: list[Tensor], lr: float, clip_c: float,
     """The optimizer (or step wrapper) of one of :data:`CAPTURABLE_METHODS`."""
     if method not in CAPTURABLE_METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {CAPTURABLE_METHODS}")
-    base = method.removesuffix("-bf16")
+    base = method.removesuffix("-r100")
     if base != method:
+        kw = {**kw, "clip_ratio_bound": RATIO_BOUND}
+    split = base.removesuffix("-bf16")
+    if split != base:
         kw = {**kw, "clip_method": "mixed", "clip_ns_dtype": torch.bfloat16}
+    base = split
     opt = capturable_adamw(params, lr, clip_c, **kw)
     if base == "spectra-adamw-compiled":
         return CompiledStep(opt)
@@ -94,7 +105,7 @@ def make_capturable(method: str, params: list[Tensor], lr: float, clip_c: float,
 
 
 #: The rows captured in a CUDA graph
-GRAPH_METHODS = ("spectra-adamw-graph", "spectra-adamw-graph-bf16")
+GRAPH_METHODS = ("spectra-adamw-graph", "spectra-adamw-graph-bf16", "spectra-adamw-graph-bf16-r100")
 
 
 def graph_note(device: torch.device, method: str = "spectra-adamw-graph") -> str | None:

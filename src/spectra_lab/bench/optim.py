@@ -27,7 +27,8 @@ Compared, on the parameter shapes of a Llama-style model (default: the paper's 1
 * ``spectra-adamw-capturable``, ``-compiled``, ``-graph`` (only on request): the step that
   reads nothing on the host, eager, compiled whole, and captured in a CUDA graph (CUDA only;
   elsewhere skipped with a line that says so); ``-capturable-bf16``, ``-graph-bf16``: the
-  first and the last with ``clip_ns_dtype="bfloat16"`` (split bf16 products of three parts):
+  first and the last with ``clip_ns_dtype="bfloat16"`` (split bf16 products of three parts),
+  ``-capturable-bf16-r100``, ``-graph-bf16-r100`` with ``clip_ratio_bound=100`` too:
   :mod:`spectra_lab.bench.capturable`;
 * ``paper-wrap-bf16``, ``paper-wrap-fp32``: the clone-and-subtract wrapper of the paper's
   code, reimplemented: clone every matrix, call the base step, recover

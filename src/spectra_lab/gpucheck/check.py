@@ -132,13 +132,15 @@ OPTIM_780M_ARGS = (
 #: The products of the clip in each form, at the batch shapes of its 124M and 780M steps
 #: (``spectra_lab.bench.products.DEFAULT_SHAPES``)
 PRODUCTS_ARGS = ("--repeats", "10")
-#: The step without host reads (eager and in a CUDA graph, each with float32 products and with
-#: split bf16 products of three parts; then compiled whole, its compilation last) beside the
-#: default step at the 124M shapes, with their memory
+#: The step without host reads (eager and in a CUDA graph, each with float32 products, with
+#: split bf16 products of three parts, and of two under ``clip_ratio_bound=100``; then
+#: compiled whole, its compilation last) beside the default step at the 124M shapes, with
+#: their memory
 CAPTURABLE_ARGS = (
     "--methods", "torch-adamw", "spectra-adamw", "spectra-adamw-capturable",
-    "spectra-adamw-capturable-bf16", "spectra-adamw-graph", "spectra-adamw-graph-bf16",
-    "spectra-adamw-compiled", "--repeats", "5", "--warmup", "2",
+    "spectra-adamw-capturable-bf16", "spectra-adamw-capturable-bf16-r100", "spectra-adamw-graph",
+    "spectra-adamw-graph-bf16", "spectra-adamw-graph-bf16-r100", "spectra-adamw-compiled",
+    "--repeats", "5", "--warmup", "2",
 )  # fmt: skip
 #: One default Spectra-AdamW step at the 124M shapes under torch.profiler (into PROFILE_FILE)
 PROFILE_ARGS = ("--methods", "spectra-adamw", "--repeats", "1", "--warmup", "3", "--no-memory")

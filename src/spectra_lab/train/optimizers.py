@@ -46,7 +46,9 @@ CONFIG_KEYWORDS = (
     "pre_clip_schedule", "pre_clip_kappa", "pre_clip_beta",
 )  # fmt: skip
 #: per-group SPECTRA settings without a config field; spectra's optimizers take them
-SPECTRA_KEYWORDS = ("clip_method", "clip_params", "post", "clip_ns_steps", "clip_ns_dtype")
+SPECTRA_KEYWORDS = (
+    "clip_method", "clip_params", "post", "clip_ns_steps", "clip_ns_dtype", "clip_ratio_bound",
+)  # fmt: skip
 
 
 def group_of(name: str, param: torch.Tensor) -> str:
