@@ -18,6 +18,12 @@ matrix-product flops and the kernel launches of
 * ``mixed-bf16x3``: the same with split bf16 products for its float32 ones (the CUDA default
   for matrices of smaller side 1024 or more, so at 780M;
   :func:`~spectra_lab.bench.flops.mixed_split_flops`), while α ≤ 1e4;
+* ``mixed-capturable``, ``mixed-capturable-bf16x6``, ``mixed-capturable-bf16x3-r100``: the
+  call that reads nothing (``capturable=True``), whose schedule is the same whatever σ_max/c:
+  float32 products; split bf16 products of three parts
+  (``mixed_split_flops(..., parts=3)``); and of two under ``ratio_bound=100`` (only where
+  σ_max/c ≤ 100). A CUDA graph would take most of their launches' host cost, which the
+  model does not know, so they are charged as eager launches;
 * ``torch-muon``: ``torch.optim.Muon``'s five bf16 Newton–Schulz steps on each hidden matrix
   (both sides under ``MUON_MAX_DIM``, as ``bench optim``'s ``torch-muon`` row runs it: the
   embedding and the head go to AdamW), one matrix at a time, the reference of the 780M bar;
@@ -32,7 +38,7 @@ Launch counts are counted, not estimated: :func:`count_kernels` runs the operato
 small CPU matrix with the same σ_max/c (so the same schedule) and counts the aten operations
 it dispatches that compute something (views, allocations and host reads left out), taking
 one launch per operation (``mixed`` counted as on a device with bf16 units, one launch per
-bf16 product; ``mixed-bf16x3`` along the CUDA code path of
+bf16 product; ``mixed-bf16x3`` and the capturable split rows along the CUDA code path of
 :func:`spectra_lab.bench.live_bytes.gpu_code_path`, a split product one launch). For
 ``polar-bf16x3`` the CPU emulates each bf16 product with two float32 conversions and a
 float32 product, where a GPU runs one product: two launches per product are taken off. The
@@ -53,7 +59,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from spectra.ops import _common, mixed, soft_clip, soft_clip_paper
 from spectra.ops.mixed import exact_steps
-from spectra.ops.polar import POLAR_SPLIT_MAX_ALPHA, POLAR_TOL
+from spectra.ops.polar import (
+    CAPTURABLE_SPLIT_PARTS,
+    POLAR_MAX_ALPHA,
+    POLAR_SPLIT_MAX_ALPHA,
+    POLAR_TOL,
+)
 from spectra.ops.quintics import inverse_sqrt_schedule
 from spectra.optim.baselines.dmuon import MUON_MAX_DIM
 from spectra_lab.bench.flops import matmul_flops, mixed_flops, mixed_split_flops
@@ -107,10 +118,15 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
         "polar-bf16x3": lambda: soft_clip(X, 1.0, method="polar", ns_dtype=torch.bfloat16),
         "mixed": lambda: soft_clip(X, 1.0, method="mixed"),
         "mixed-bf16x3": lambda: soft_clip(X, 1.0, method="mixed", ns_dtype=torch.bfloat16),
+        **{
+            name: functools.partial(soft_clip, X, 1.0, method="mixed", capturable=True, **kw)
+            for name, kw in CAPTURABLE_ROWS.items()
+        },
     }
     if method not in calls:
         raise ValueError(f"no kernel count for {method!r}")
-    if method == "mixed-bf16x3":  # the CUDA code path: a split product is one launch
+    if method == "mixed-bf16x3" or "-bf16x" in method:  # the CUDA code path: a split product
+        # is one launch
         from spectra_lab.bench.live_bytes import gpu_code_path
 
         with gpu_code_path(), _KernelCounter() as counter:
@@ -145,6 +161,46 @@ def muon_launches(shape: tuple[int, int] = (32, 64)) -> int:
     with _KernelCounter() as counter:
         opt.step()
     return sum(counter.ops.values())
+
+
+#: The capturable rows: their keywords of ``soft_clip(method="mixed", capturable=True)``
+CAPTURABLE_ROWS = {
+    "mixed-capturable": {},
+    "mixed-capturable-bf16x6": {"ns_dtype": torch.bfloat16},
+    "mixed-capturable-bf16x3-r100": {"ns_dtype": torch.bfloat16, "ratio_bound": 100.0},
+}
+
+
+def capturable_schedule(name: str) -> tuple[int, int, int]:
+    """``(steps, exact steps, split parts)`` of a capturable row: the schedule for the largest
+    α its precision resolves, or its ratio bound's (0 parts: float32 products)."""
+    kw = CAPTURABLE_ROWS[name]
+    parts = 0 if "ns_dtype" not in kw else 2 if "ratio_bound" in kw else CAPTURABLE_SPLIT_PARTS
+    alpha = POLAR_MAX_ALPHA[torch.float32]
+    if "ratio_bound" in kw:
+        alpha = min(1.0 + kw["ratio_bound"] ** 2, POLAR_MAX_ALPHA[torch.bfloat16])
+    coeffs = inverse_sqrt_schedule(1.0 / math.sqrt(alpha), POLAR_TOL)
+    return len(coeffs), exact_steps(coeffs, 1.0 / math.sqrt(alpha)), parts
+
+
+def _capturable_rows(mats: list[tuple[int, int]], sigma_over_c: float) -> list[tuple]:
+    """The rows of :data:`CAPTURABLE_ROWS` (the bounded one only within its bound)."""
+    rows = []
+    batches = len(set(mats))
+    for name, kw in CAPTURABLE_ROWS.items():
+        if sigma_over_c > kw.get("ratio_bound", math.inf):
+            continue
+        steps, exact, parts = capturable_schedule(name)
+        launches = batches * count_kernels(name, sigma_over_c)
+        if parts:
+            flops = sum(mixed_split_flops(s, steps, exact, parts) for s in mats)
+            rows.append((name, flops, launches, PEAK_TFLOPS["bf16"], steps))
+        else:
+            pairs = [mixed_flops(s, steps, exact) for s in mats]
+            flops = tuple(sum(f) for f in zip(*pairs, strict=True))
+            peaks = (PEAK_TFLOPS["fp32"], PEAK_TFLOPS["bf16"])
+            rows.append((name, flops, launches, peaks, steps))
+    return rows
 
 
 def polar_steps_for(sigma_over_c: float, tol: float = POLAR_TOL) -> int:
@@ -187,6 +243,8 @@ def step_model(
     hidden = [(m, n) for m, n in mats if n < MUON_MAX_DIM]
     muon_f = sum(matmul_flops("orth", (m, n), MUON_STEPS) for m, n in hidden)
     rows.append(("torch-muon", muon_f, len(hidden) * muon_launches(), PEAK_TFLOPS["bf16"]))
+    capturable = _capturable_rows(mats, sigma_over_c)
+    rows += [row[:4] for row in capturable]
     out = {}
     for name, flops, launches, peak in rows:
         parts = zip(flops, peak, strict=True) if isinstance(flops, tuple) else [(flops, peak)]
@@ -204,6 +262,8 @@ def step_model(
         if name.startswith(("polar", "mixed")):
             out[name]["steps"] = steps
     out["torch-muon"]["steps"] = MUON_STEPS
+    for name, *_, row_steps in capturable:
+        out[name]["steps"] = row_steps
     return out
 
 
