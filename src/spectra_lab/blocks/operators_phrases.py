@@ -378,6 +378,19 @@ def model_vs_muon(root: Path) -> str:
     )
 
 
+def model_capturable(root: Path) -> str:
+    """The capturable ``mixed`` rows of the H100 model at 124M and σ_max/c = 30 beside the
+    default call that reads α (``docs/data/gpu_model_h100.json``)."""
+    rows = json_of(root, "docs/data/gpu_model_h100.json")["rows"]
+    pick = {r["method"]: r for r in rows if r["model"] == "124m" and r["sigma_over_c"] == 30}
+    ms = {name: f"{pick[name]['ms']:.0f} ms" for name in pick}
+    return (
+        f"{ms['mixed-capturable']} with float32 products, {ms['mixed-capturable-bf16x6']} by "
+        f"split products of three parts and {ms['mixed-capturable-bf16x3-r100']} of two under "
+        f"`ratio_bound=100`, against {ms['mixed']} for the default call that reads α"
+    )
+
+
 # --------------------------------------------------------------------------- soft clip vs orth
 
 
@@ -554,6 +567,7 @@ OPERATORS_PHRASES: dict[str, Callable[[Path], str]] = {
     "data:operators-model-polar-780m": model_polar_780m,
     "data:operators-model-split": model_split,
     "data:operators-model-vs-muon": model_vs_muon,
+    "data:operators-model-capturable": model_capturable,
     "data:operators-ssc-rates": ssc_rates,
     "data:operators-ssc-muon-bf16": ssc_muon_bf16,
     "data:operators-ssc-like": ssc_like,
