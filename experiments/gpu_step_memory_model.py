@@ -27,6 +27,17 @@ ROWS = {
     "spectra-adamw (mixed, the CUDA default)": {"clip_method": "mixed"},
     "spectra-adamw-capturable (mixed)": {"clip_method": "mixed", "capturable": True},
     "spectra-adamw-polar": {"clip_method": "polar"},
+    "spectra-adamw-capturable-bf16 (split products of three parts)": {
+        "clip_method": "mixed",
+        "capturable": True,
+        "clip_ns_dtype": "bfloat16",
+    },
+    "spectra-adamw-capturable-bf16-r100 (two parts under clip_ratio_bound=100)": {
+        "clip_method": "mixed",
+        "capturable": True,
+        "clip_ns_dtype": "bfloat16",
+        "clip_ratio_bound": 100.0,
+    },
 }
 
 
