@@ -276,7 +276,7 @@ def split_bf16_gram(X: Tensor, parts: int = 2) -> Tensor:
     ``C = X₁X₁ᵀ/2 + X₂X₁ᵀ``, one product over the concatenated inner dimension
     ``[X₁ X₂] @ [X₁/2 X₁]ᵀ`` (halving a bf16 number is exact). With three, the six terms of
     ``parts=3`` are ``C + Cᵀ`` for ``C = X₁X₁ᵀ/2 + X₂X₁ᵀ + X₃X₁ᵀ + X₂X₂ᵀ/2``, four bf16
-    products' flops in three products (:func:`_gram_block`). Either
+    products (:func:`_gram_block`). Either
     is summed over blocks of X's columns where they exceed ``SPLIT_BLOCKS`` times its rows.
     The result is exactly symmetric, so the square of a symmetric matrix S (``S² = SSᵀ``) is
     formed the same way."""
@@ -290,22 +290,22 @@ def split_bf16_gram(X: Tensor, parts: int = 2) -> Tensor:
 
 def _gram_block(X: Tensor, parts: int) -> Tensor:
     """C of :func:`split_bf16_gram` for one block of X's columns (its operands freed on
-    return): ``[X₁ X₂]·[X₁/2 X₁]ᵀ``, or with three parts, from ``[X₁ X₂ X₃]`` and
-    ``[X₂/2 X₁ X₁]``, ``[X₂ X₃]·[X₁ X₁]ᵀ + X₂·(X₂/2)ᵀ + (X₁X₁ᵀ)/2``, the smallest terms first
-    (so that their sums round as float32's do). The operands are built transposed, their
-    parts stacked by rows (:func:`_split_rows`)."""
+    return): ``[X₁ X₂]·[X₁/2 X₁]ᵀ``; or with three parts, from ``[X₁ X₂ X₃]`` alone,
+    ``X₃X₁ᵀ + (X₂X₂ᵀ)/2 + X₂X₁ᵀ + (X₁X₁ᵀ)/2``, four products of its slices, the smallest terms
+    first (so that their sums round as float32's do), with no second operand to hold. The
+    operands are built transposed, their parts stacked by rows (:func:`_split_rows`)."""
     width = X.shape[-1]
     lhs = _split_rows(X.mT, (1, 2) if parts == 2 else (1, 2, 3))  # Lᵀ
     hi, mid = lhs[..., :width, :], lhs[..., width : 2 * width, :]
+    if parts == 3:
+        C = bf16_products_fp32(lhs[..., 2 * width :, :].mT, hi)
+        C.add_(bf16_products_fp32(mid.mT, mid), alpha=0.5)
+        C.add_(bf16_products_fp32(mid.mT, hi))
+        return C.add_(bf16_products_fp32(hi.mT, hi), alpha=0.5)
     rhs = torch.empty_like(lhs)  # Rᵀ
-    torch.mul(hi if parts == 2 else mid, 0.5, out=rhs[..., :width, :])
-    for k in range(1, parts):
-        rhs[..., k * width : (k + 1) * width, :].copy_(hi)
-    if parts == 2:
-        return bf16_products_fp32(lhs.mT, rhs)
-    C = bf16_products_fp32(lhs[..., width:, :].mT, rhs[..., width:, :])
-    C.add_(bf16_products_fp32(mid.mT, rhs[..., :width, :]))
-    return C.add_(bf16_products_fp32(hi.mT, rhs[..., width : 2 * width, :]), alpha=0.5)
+    torch.mul(hi, 0.5, out=rhs[..., :width, :])
+    rhs[..., width:, :].copy_(hi)
+    return bf16_products_fp32(lhs.mT, rhs)
 
 
 def _split_concat(A: Tensor, dim: int, order: tuple[int, ...]) -> Tensor:
