@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectra_lab.bench.capturable import CAPTURABLE_METHODS
 from spectra_lab.gpucheck import check as gpu_check
 from spectra_lab.gpucheck import runs as gpu_runs
 
@@ -35,17 +36,7 @@ def test_the_parts_that_time_the_step_beside_its_peers_run_first():
     assert gpu_check.DEFAULT_BUDGET == 390.0
     # the capturable part times the step without host reads beside the default one
     methods = gpu_check.CAPTURABLE_ARGS
-    for m in (
-        "torch-adamw",
-        "spectra-adamw",
-        "spectra-adamw-capturable",
-        "spectra-adamw-compiled",
-        "spectra-adamw-graph",
-        "spectra-adamw-capturable-bf16",
-        "spectra-adamw-graph-bf16",
-        "spectra-adamw-capturable-bf16-r100",
-        "spectra-adamw-graph-bf16-r100",
-    ):
+    for m in ("torch-adamw", "spectra-adamw", *CAPTURABLE_METHODS):
         assert m in methods
     # its compilation, the longest row, runs last
     assert methods[methods.index("--repeats") - 1] == "spectra-adamw-compiled"

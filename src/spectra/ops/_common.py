@@ -296,8 +296,9 @@ def _gram_block(X: Tensor, parts: int) -> Tensor:
     operands are built transposed, their parts stacked by rows (:func:`_split_rows`)."""
     width = X.shape[-1]
     lhs = _split_rows(X.mT, (1, 2) if parts == 2 else (1, 2, 3))  # Lᵀ
-    hi, mid = lhs[..., :width, :], lhs[..., width : 2 * width, :]
+    hi = lhs[..., :width, :]
     if parts == 3:
+        mid = lhs[..., width : 2 * width, :]
         C = bf16_products_fp32(lhs[..., 2 * width :, :].mT, hi)
         C.add_(bf16_products_fp32(mid.mT, mid), alpha=0.5)
         C.add_(bf16_products_fp32(mid.mT, hi))

@@ -179,6 +179,7 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
     and no square of it through the steps."""
     split = plan.dtype == torch.bfloat16  # the exact steps by split bf16 products
     parts = plan.parts if split else 0
+    mm = partial(split_bf16_matmul, parts=parts) if split else torch.bmm
     wd, coeffs = (torch.float32 if split else plan.dtype), plan.coeffs
     factor = output_factor(c, plan).to(wd)
     batch, m = plan.G.shape[:-2], plan.G.shape[-1]
@@ -206,7 +207,7 @@ def _mixed_factor(c: float, plan: Plan) -> Tensor:
         E16 = [E.to(torch.bfloat16)]
         del E
         W = _coupled_steps(E16.pop(), coeffs[exact:])[0].to(wd)  # ≈ E^{-1/2}
-        Z = W if Z is None else split_bf16_matmul(W, Z, parts) if split else torch.bmm(W, Z)
+        Z = W if Z is None else mm(W, Z)
     return Z.mul_(factor.reshape(-1, 1, 1)).reshape(*batch, m, m)
 
 
@@ -261,10 +262,10 @@ def _coupled_steps(
     (``Z M̂ Z``), and split products form ``E² = EEᵀ`` from two bf16 products
     (:func:`~spectra.ops._common.split_bf16_gram`)."""
     split = parts > 0
-    square = partial(split_bf16_gram, parts=parts) if split else None
-    mm = partial(split_bf16_matmul, parts=parts) if split else None
-    if mm is None:
-        mm = bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
+    if split:
+        square, mm = partial(split_bf16_gram, parts=parts), partial(split_bf16_matmul, parts=parts)
+    else:
+        square, mm = None, bf16_matmul if M_hat.dtype == torch.bfloat16 else torch.bmm
     want_e = Z1 is not None
     Z = _fused_quintic(M_hat, *coeffs[0], square) if Z1 is None else Z1
     del Z1  # Z alone holds it: the second step frees it

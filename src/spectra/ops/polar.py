@@ -78,11 +78,17 @@ def max_alpha(wd: torch.dtype, parts: int) -> float:
 
 
 def check_tol(options: Options) -> None:
-    """Refuse a ``tol`` outside ``[1e-6, 1)``, and a ``ratio_bound`` that is not a finite
-    number ``≥ 1`` or comes without ``capturable``."""
+    """Refuse a ``tol`` outside ``[1e-6, 1)``, and a bad ``ratio_bound``
+    (:func:`check_ratio_bound`)."""
     tol = options.tol
     if not (math.isfinite(tol) and 1e-6 <= tol < 1):
         raise ValueError(f"tol must be a number in [1e-06, 1), got {tol!r}")
+    check_ratio_bound(options)
+
+
+def check_ratio_bound(options: Options) -> None:
+    """Refuse a ``ratio_bound`` that is not a finite number ``≥ 1`` or comes without
+    ``capturable``."""
     bound = options.ratio_bound
     if bound is None:
         return

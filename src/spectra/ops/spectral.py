@@ -35,7 +35,7 @@ from spectra.ops._common import check_finite, check_matrix_input, check_threshol
 from spectra.ops.base import POLAR_TOL, Options, apply_checked
 from spectra.ops.eigh import hard_weight, soft_weight
 from spectra.ops.methods import METHODS, default_method, operator, resolve
-from spectra.ops.polar import check_tol
+from spectra.ops.polar import check_ratio_bound
 from spectra.validate import check_int
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def check_ratio_bound_method(options: Options, method: str) -> None:
     one for a method whose schedule it does not set."""
     if options.ratio_bound is None:
         return
-    check_tol(options)
+    check_ratio_bound(options)
     if method not in ("polar", "mixed"):
         raise ValueError(
             f"ratio_bound={options.ratio_bound!r} sets the schedule of the capturable "

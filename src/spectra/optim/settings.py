@@ -74,7 +74,7 @@ from torch import Tensor
 
 from spectra.ops.base import Options
 from spectra.ops.methods import check_capturable, method_names, operator
-from spectra.ops.polar import check_tol
+from spectra.ops.polar import check_ratio_bound
 from spectra.optim.chain import matrix_shape
 from spectra.optim.distributed import holds_whole_matrices, is_sharded
 from spectra.optim.layout import MatrixLayout, default_scale
@@ -181,7 +181,7 @@ def check_ratio_bound_setting(group: dict[str, Any], kinds: set[str]) -> None:
         return
     capturable = bool(group.get("capturable", False))
     try:
-        check_tol(Options(capturable=capturable, ratio_bound=bound))
+        check_ratio_bound(Options(capturable=capturable, ratio_bound=bound))
     except ValueError as err:
         raise ValueError(f"clip_{err}") from None
     if kinds != {"soft_clip"} or group["clip_method"] not in ("auto", "polar", "mixed"):

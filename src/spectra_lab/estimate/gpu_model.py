@@ -125,8 +125,7 @@ def count_kernels(method: str, sigma_over_c: float, shape: tuple[int, int] = (32
     }
     if method not in calls:
         raise ValueError(f"no kernel count for {method!r}")
-    if method == "mixed-bf16x3" or "-bf16x" in method:  # the CUDA code path: a split product
-        # is one launch
+    if method in GPU_PATH_ROWS:  # the CUDA code path: a split product is one launch
         from spectra_lab.bench.live_bytes import gpu_code_path
 
         with gpu_code_path(), _KernelCounter() as counter:
@@ -169,6 +168,10 @@ CAPTURABLE_ROWS = {
     "mixed-capturable-bf16x6": {"ns_dtype": torch.bfloat16},
     "mixed-capturable-bf16x3-r100": {"ns_dtype": torch.bfloat16, "ratio_bound": 100.0},
 }
+
+
+#: The rows counted along the CUDA code path (:func:`count_kernels`): the split ``mixed`` ones
+GPU_PATH_ROWS = ("mixed-bf16x3", "mixed-capturable-bf16x6", "mixed-capturable-bf16x3-r100")
 
 
 def capturable_schedule(name: str) -> tuple[int, int, int]:
